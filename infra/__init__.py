@@ -1,0 +1,1 @@
+"""Infrastructure: object stores (local files, S3) and MPI / torch.distributed setup, plus deployment assets."""

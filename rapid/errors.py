@@ -1,0 +1,12 @@
+"""The few error types that cross module boundaries."""
+
+
+class UsageError(Exception):
+    """Bad command-line arguments or configuration: reported as one line, exit code 2."""
+
+
+class FormatError(ValueError):
+    """A stored object that is corrupt, truncated, oversized, of an unknown format or hostile.
+
+    Consumers count and skip such objects; they never crash on them.
+    """
