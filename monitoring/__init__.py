@@ -1,0 +1,26 @@
+"""Monitoring: Prometheus metrics per role, exporter and target discovery, Prometheus/Grafana assets, reports.
+
+Bottom layer: imports nothing else from the project and never torch (SPEC §2).
+"""
+
+from rapid.monitoring.metrics import (
+    EvaluatorMetrics,
+    LauncherMetrics,
+    OptimizerMetrics,
+    RolloutMetrics,
+    collect_targets,
+    register_process,
+    start_exporter,
+    write_file_sd,
+)
+
+__all__ = [
+    "EvaluatorMetrics",
+    "LauncherMetrics",
+    "OptimizerMetrics",
+    "RolloutMetrics",
+    "collect_targets",
+    "register_process",
+    "start_exporter",
+    "write_file_sd",
+]

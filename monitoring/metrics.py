@@ -1,0 +1,404 @@
+"""Prometheus metrics for every rapid role, the /metrics exporter, and file-based target discovery (SPEC §9).
+
+Usage (a rollout worker; the optimizer, evaluator and launcher look the same)::
+
+    metrics = RolloutMetrics(run="demo", rank=3)       # own CollectorRegistry, labels role/rank/run
+    port = metrics.serve(port=0, run_dir=run_dir)       # /metrics on a free port, <run_dir>/metrics/rollout-3.json
+    while training:
+        obs, rew, done = env.step(actions)
+        metrics.env_steps(env.num_games)                # batched counts: one call per vector step
+        metrics.agent_steps(env.num_games * agents)
+        for ret, length in finished_games:
+            metrics.episode(ret, length)
+    metrics.close()
+
+    write_file_sd(collect_targets(run_dir), run_dir / "metrics" / "targets.json", run="demo")
+
+Every metric is defined once here; each role object owns a private registry,
+so several roles can live in one process (tests, the local launcher) without name clashes. Metrics carry
+``role``, ``rank`` and ``run`` as real labels and the scrape config sets ``honor_labels`` so that the file_sd
+target labels (the same three) only add them to ``up``. Hot-path methods touch pre-bound children only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.exposition import start_http_server
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+BASE_LABELS = ("role", "rank", "run")
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Staleness in parameter versions; OpenAI Five saw learning slow badly from 8 on, so resolve 0..8 finely.
+STALENESS_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
+UPDATE_PHASES = ("load", "forward", "backward", "allreduce", "step", "publish")
+# update(stats) key -> gauge name; keys missing from a stats dict leave the gauge at its last value.
+UPDATE_STATS = {
+    "policy_loss": "rapid_policy_loss",
+    "value_loss": "rapid_value_loss",
+    "entropy": "rapid_entropy",
+    "approx_kl": "rapid_approx_kl",
+    "clip_fraction": "rapid_clip_fraction",
+    "explained_variance": "rapid_explained_variance",
+    "grad_norm": "rapid_grad_norm",
+    "learning_rate": "rapid_learning_rate",
+}
+# Store operations the role helpers report under; store_op() accepts any other name too.
+OP_EXPERIENCE_PUT, OP_EXPERIENCE_GET, OP_PARAMS_GET = "experience_put", "experience_get", "params_get"
+
+_TARGET_FILE = re.compile(r"^([a-z][a-z0-9_]*)-(\d+)\.json$")
+
+
+class _StalenessCollector(Collector):
+    """A histogram fed whole arrays at once: one numpy pass per batch instead of one observe() per sample."""
+
+    def __init__(self, labels: tuple[str, str, str]):
+        self._labels = list(labels)
+        self._bounds = np.asarray(STALENESS_BUCKETS, dtype=np.float64)
+        self._counts = np.zeros(len(STALENESS_BUCKETS) + 1, dtype=np.int64)  # last slot: above the top bucket
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, values) -> None:
+        arr = np.asarray(values, dtype=np.float64).ravel()
+        if arr.size == 0:
+            return
+        # side="left": a value equal to a bound belongs to that bound's bucket (le is inclusive).
+        counts = np.bincount(np.searchsorted(self._bounds, arr, side="left"), minlength=self._counts.size)
+        with self._lock:
+            self._counts += counts
+            self._sum += float(arr.sum())
+
+    def collect(self):
+        with self._lock:
+            cumulative = np.cumsum(self._counts).tolist()
+            total = self._sum
+        family = HistogramMetricFamily(
+            "rapid_sample_staleness", "Optimizer version minus the version that generated each sample.",
+            labels=list(BASE_LABELS),
+        )
+        buckets = [(str(float(b)), c) for b, c in zip(STALENESS_BUCKETS, cumulative)]
+        buckets.append(("+Inf", cumulative[-1]))
+        family.add_metric(self._labels, buckets, total)
+        yield family
+
+    def describe(self):
+        return [HistogramMetricFamily("rapid_sample_staleness", "", labels=list(BASE_LABELS))]
+
+
+class RoleMetrics:
+    """Shared parts: a private registry, the base labels, the exporter; subclasses add their metrics."""
+
+    role = "process"
+
+    def __init__(self, run: str, rank: int = 0, registry: CollectorRegistry | None = None):
+        self.run, self.rank = str(run), int(rank)
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self._labels = (self.role, str(self.rank), self.run)
+        self._server = None
+        self._gauge("rapid_process_start_time_seconds", "Unix time the process started its role.").set(time.time())
+
+    # Definitions: every metric gets the base labels, plus `extra` label names bound later by the caller.
+    def _counter(self, name: str, doc: str, extra: tuple[str, ...] = ()):
+        return self._bind(Counter(name.removesuffix("_total"), doc, BASE_LABELS + extra, registry=self.registry), extra)
+
+    def _gauge(self, name: str, doc: str, extra: tuple[str, ...] = ()):
+        return self._bind(Gauge(name, doc, BASE_LABELS + extra, registry=self.registry), extra)
+
+    def _histogram(self, name: str, doc: str, buckets, extra: tuple[str, ...] = ()):
+        return self._bind(Histogram(name, doc, BASE_LABELS + extra, buckets=buckets, registry=self.registry), extra)
+
+    def _summary(self, name: str, doc: str):
+        return self._bind(Summary(name, doc, BASE_LABELS, registry=self.registry), ())
+
+    def _bind(self, metric, extra):
+        # Without extra labels: the child itself. With: a cache, so hot paths do one dict lookup, not .labels().
+        if not extra:
+            return metric.labels(*self._labels)
+        return _ChildCache(metric, self._labels)
+
+    def _store_metrics(self) -> None:
+        self._store_bytes = self._counter("rapid_store_bytes_total", "Bytes moved to/from the store.", ("op",))
+        self._store_seconds = self._histogram(
+            "rapid_store_op_duration_seconds", "Store operation latency.", LATENCY_BUCKETS, ("op",))
+        self._store_errors = self._counter("rapid_store_errors_total", "Failed store operations.", ("op",))
+
+    def store_op(self, op: str, nbytes: int, seconds: float) -> None:
+        """One finished store operation (``op`` e.g. experience_get, params_put, list, delete)."""
+        self._store_bytes[op].inc(nbytes)
+        self._store_seconds[op].observe(seconds)
+
+    def store_error(self, op: str) -> None:
+        self._store_errors[op].inc()
+
+    def _episode_metrics(self) -> None:
+        self._ep_return = self._summary("rapid_episode_return", "Return of finished episodes (learning side).")
+        self._ep_length = self._summary("rapid_episode_length_steps", "Length of finished episodes in env steps.")
+
+    def episode(self, ret: float, length: int) -> None:
+        self._ep_return.observe(ret)
+        self._ep_length.observe(length)
+
+    def serve(self, port: int = 0, addr: str = "127.0.0.1", run_dir: str | os.PathLike | None = None) -> int:
+        """Serve /metrics; with ``run_dir`` also register this process as a scrape target. Returns the port."""
+        self._server, _ = _start_server(self.registry, port, addr)
+        bound = self._server.server_port
+        if run_dir is not None:
+            register_process(run_dir, self.role, self.rank, bound, host=addr)
+        return bound
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+class _ChildCache(dict):
+    """label value -> bound child; the first use of a new value creates it (then it is a plain dict hit)."""
+
+    def __init__(self, metric, base: tuple[str, ...]):
+        super().__init__()
+        self._metric, self._base = metric, base
+
+    def __missing__(self, value: str):
+        child = self[value] = self._metric.labels(*self._base, value)
+        return child
+
+
+class RolloutMetrics(RoleMetrics):
+    role = "rollout"
+
+    def __init__(self, run: str, rank: int = 0, registry: CollectorRegistry | None = None):
+        super().__init__(run, rank, registry)
+        self._env_steps = self._counter("rapid_env_steps_total", "Environment (game) steps.")
+        self._agent_steps = self._counter("rapid_agent_steps_total", "Agent steps (one per acting agent).")
+        self._uploaded = self._counter("rapid_samples_uploaded_total", "Samples uploaded to the store.")
+        self._backlog = self._gauge("rapid_upload_backlog_objects", "Experience objects waiting for upload.")
+        self._dropped = self._counter(
+            "rapid_upload_dropped_objects_total", "Experience objects dropped because the upload backlog was full.")
+        self._version = self._gauge("rapid_param_version", "Parameter version in use.")
+        self._store_metrics()
+        self._episode_metrics()
+        self._upload_bytes = self._store_bytes[OP_EXPERIENCE_PUT]
+        self._upload_seconds = self._store_seconds[OP_EXPERIENCE_PUT]
+        self._store_errors[OP_EXPERIENCE_PUT]  # exported at 0 from the start, so rate() and alerts see it
+
+    def env_steps(self, n: int) -> None:
+        self._env_steps.inc(n)
+
+    def agent_steps(self, n: int) -> None:
+        self._agent_steps.inc(n)
+
+    def samples_uploaded(self, n: int, nbytes: int, seconds: float) -> None:
+        self._uploaded.inc(n)
+        self._upload_bytes.inc(nbytes)
+        self._upload_seconds.observe(seconds)
+
+    def upload_failed(self) -> None:
+        self._store_errors[OP_EXPERIENCE_PUT].inc()
+
+    def backlog(self, n_objects: int) -> None:
+        self._backlog.set(n_objects)
+
+    def backlog_dropped(self, n: int) -> None:
+        self._dropped.inc(n)
+
+    def param_version(self, v: int) -> None:
+        self._version.set(v)
+
+    def params_fetch(self, seconds: float, nbytes: int) -> None:
+        self.store_op(OP_PARAMS_GET, nbytes, seconds)
+
+
+class OptimizerMetrics(RoleMetrics):
+    role = "optimizer"
+
+    def __init__(self, run: str, rank: int = 0, registry: CollectorRegistry | None = None):
+        super().__init__(run, rank, registry)
+        self._downloaded = self._counter("rapid_samples_downloaded_total", "Samples downloaded and accepted.")
+        self._consumed = self._counter("rapid_samples_consumed_total", "Samples used by updates (with reuse).")
+        self._dropped = self._counter("rapid_samples_dropped_total", "Samples dropped before use.", ("reason",))
+        self._dropped_stale = self._dropped["stale"]
+        self._staleness = _StalenessCollector(self._labels)
+        self.registry.register(self._staleness)
+        self._reuse = self._gauge("rapid_sample_reuse", "Samples consumed by updates / samples received.")
+        self._updates = self._counter("rapid_updates_total", "Optimizer updates applied.")
+        self._nonfinite = self._counter(
+            "rapid_nonfinite_updates_skipped_total", "Updates skipped because loss or gradients were NaN/inf.")
+        self._bad = self._counter("rapid_bad_objects_total", "Experience objects rejected.", ("reason",))
+        self._stats = {key: self._gauge(name, f"Last update's {key.replace('_', ' ')}.")
+                       for key, name in UPDATE_STATS.items()}
+        self._phase = self._histogram(
+            "rapid_update_phase_duration_seconds", "Time per update phase.", PHASE_BUCKETS, ("phase",))
+        self._version = self._gauge("rapid_param_version", "Parameter version of the model being trained.")
+        self._buffer = self._gauge("rapid_buffer_samples", "Samples in the local experience buffer.")
+        self._win = self._gauge("rapid_win_rate", "Recent win rate of the learning side.", ("opponent",))
+        self._store_metrics()
+        self._episode_metrics()
+        for phase in UPDATE_PHASES:
+            self._phase[phase]  # exported from the start, so dashboards list every phase
+        self._dl_bytes = self._store_bytes[OP_EXPERIENCE_GET]
+        self._dl_seconds = self._store_seconds[OP_EXPERIENCE_GET]
+        self._store_errors[OP_EXPERIENCE_GET]
+
+    def samples_downloaded(self, n: int, nbytes: int, seconds: float) -> None:
+        self._downloaded.inc(n)
+        self._dl_bytes.inc(nbytes)
+        self._dl_seconds.observe(seconds)
+
+    def samples_consumed(self, n: int) -> None:
+        self._consumed.inc(n)
+
+    def samples_dropped_stale(self, n: int) -> None:
+        self._dropped_stale.inc(n)
+
+    def staleness(self, values) -> None:
+        """Staleness of a batch of samples (array-like of version differences)."""
+        self._staleness.observe(values)
+
+    def sample_reuse(self, x: float) -> None:
+        self._reuse.set(x)
+
+    def update(self, stats: Mapping[str, float]) -> None:
+        """One applied update: counts it and sets the gauges for the keys of UPDATE_STATS present."""
+        self._updates.inc()
+        for key, value in stats.items():
+            gauge = self._stats.get(key)
+            if gauge is not None:
+                gauge.set(float(value))
+
+    def update_phase(self, phase: str, seconds: float) -> None:
+        self._phase[phase].observe(seconds)
+
+    def param_version(self, v: int) -> None:
+        self._version.set(v)
+
+    def nonfinite_skipped(self) -> None:
+        self._nonfinite.inc()
+
+    def bad_object(self, reason: str) -> None:
+        self._bad[reason].inc()
+
+    def buffer_size(self, n: int) -> None:
+        self._buffer.set(n)
+
+    def win_rate(self, opponent_kind: str, x: float) -> None:
+        """Win rate against ``opponent_kind`` ("pool" or "bots")."""
+        self._win[opponent_kind].set(x)
+
+
+class EvaluatorMetrics(RoleMetrics):
+    role = "evaluator"
+
+    def __init__(self, run: str, rank: int = 0, registry: CollectorRegistry | None = None):
+        super().__init__(run, rank, registry)
+        self._win = self._gauge("rapid_win_rate", "Win rate of the latest policy in evaluation.", ("opponent",))
+        self._mu = self._gauge("rapid_rating_mu", "TrueSkill mean of a league member.", ("member",))
+        self._sigma = self._gauge("rapid_rating_sigma", "TrueSkill uncertainty of a league member.", ("member",))
+        self._games = self._counter("rapid_games_total", "Evaluation games played.")
+
+    def win_rate(self, opponent: str, x: float) -> None:
+        self._win[opponent].set(x)
+
+    def rating(self, member: str, mu: float, sigma: float) -> None:
+        self._mu[member].set(mu)
+        self._sigma[member].set(sigma)
+
+    def games(self, n: int) -> None:
+        self._games.inc(n)
+
+
+class LauncherMetrics(RoleMetrics):
+    role = "launcher"
+
+    def __init__(self, run: str, rank: int = 0, registry: CollectorRegistry | None = None):
+        super().__init__(run, rank, registry)
+        self._alive = self._gauge("rapid_processes_alive", "Child processes alive, by their role.", ("child_role",))
+        self._restarts = self._counter("rapid_process_restarts_total", "Child process restarts.", ("child_role",))
+
+    def processes_alive(self, child_role: str, n: int) -> None:
+        self._alive[child_role].set(n)
+
+    def restart(self, child_role: str) -> None:
+        self._restarts[child_role].inc()
+
+
+def metric_names(registry: CollectorRegistry) -> list[str]:
+    """Exposed family names in a registry (counters with their ``_total``), for convention checks."""
+    names = []
+    for family in registry.collect():
+        names.append(family.name + "_total" if family.type == "counter" else family.name)
+    return sorted(names)
+
+
+def _start_server(registry: CollectorRegistry, port: int, addr: str):
+    return start_http_server(port, addr=addr, registry=registry)
+
+
+def start_exporter(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> int:
+    """Serve ``registry`` on /metrics from a daemon thread; ``port=0`` picks a free port. Returns the bound port."""
+    server, _ = _start_server(registry, port, addr)
+    return server.server_port
+
+
+def _write_json_atomic(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1)
+        os.replace(tmp, path)  # Prometheus' file watcher must never see a half-written list
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def register_process(run_dir: str | os.PathLike, role: str, rank: int, port: int, host: str = "127.0.0.1") -> Path:
+    """Write ``<run_dir>/metrics/<role>-<rank>.json`` so collect_targets() finds this process' exporter."""
+    if not re.match(r"^[a-z][a-z0-9_]*$", role):
+        raise ValueError(f"role must be lower-case letters, digits and '_', got {role!r}")
+    path = Path(run_dir) / "metrics" / f"{role}-{int(rank)}.json"
+    _write_json_atomic(path, {"role": role, "rank": int(rank), "host": host, "port": int(port), "pid": os.getpid()})
+    return path
+
+
+def collect_targets(run_dir: str | os.PathLike) -> list[dict]:
+    """All registered processes of a run, sorted by role then rank. Unreadable entries are logged and skipped."""
+    folder = Path(run_dir) / "metrics"
+    targets = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+        if not _TARGET_FILE.match(path.name):
+            continue  # targets.json and other files that share the folder
+        try:
+            entry = json.loads(path.read_text())
+            targets.append({"role": str(entry["role"]), "rank": int(entry["rank"]), "host": str(entry["host"]),
+                            "port": int(entry["port"]), "pid": int(entry.get("pid", 0))})
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("skipping metrics target %s: %s", path, exc)
+    return sorted(targets, key=lambda t: (t["role"], t["rank"]))
+
+
+def write_file_sd(targets: Iterable[Mapping], path: str | os.PathLike, run: str) -> Path:
+    """Write a Prometheus file_sd JSON list: one group per process, labelled role/rank/run (atomic replace)."""
+    groups = [{"targets": [f"{t['host']}:{int(t['port'])}"],
+               "labels": {"role": str(t["role"]), "rank": str(int(t["rank"])), "run": str(run)}}
+              for t in targets]
+    path = Path(path)
+    _write_json_atomic(path, groups)
+    return path
+
