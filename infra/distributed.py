@@ -1,0 +1,306 @@
+"""MPI start-up and torch.distributed collectives for optimizer ranks (SPEC §11).
+
+Usage (an MPI entry point, e.g. ``mpiexec -n 4 rapid-optimizer …``)::
+
+    identity = detect_identity()                     # rank, size, local rank from mpi4py (or env, or 0 of 1)
+    with abort_on_error(identity):                   # any exception: one line on stderr, then MPI Abort
+        with init_process_group(identity) as dist:   # rank 0 picks tcp://host:port, broadcasts it by MPI
+            dist.broadcast_parameters(model)         # every rank starts from rank 0's weights
+            for batch in batches:
+                loss(model, batch).backward()
+                dist.all_reduce_gradients(model.parameters())   # bucketed SUM / size, in torch.distributed
+                optimizer.step()
+                stats = dist.all_reduce_scalars({"loss": loss_value})   # means over ranks
+
+MPI is used only for identity and the one rendezvous broadcast: MPICH ranks waiting inside an MPI call
+spin on the CPU, so every heavy collective goes through torch.distributed (NCCL on CUDA, gloo on CPU).
+Without MPI and with one rank no process group is created and the collectives are no-ops. torch is imported
+lazily here so that importing ``rapid.infra`` stays light.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import socket
+import sys
+import traceback
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+#: Environment variables that only exist when a process was started by an MPI launcher (MPICH/Hydra,
+#: Open MPI, PMIx, Slurm's PMI). Without them, mpi4py would make a singleton: we don't initialize MPI.
+_MPI_LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+# (rank, size, local rank, local size) variable names, in order of preference, when MPI is not used.
+_ENV_IDENTITIES = (
+    ("RAPID_RANK", "RAPID_WORLD_SIZE", "RAPID_LOCAL_RANK", "RAPID_LOCAL_WORLD_SIZE"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
+)
+DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who this process is among its peers. ``launcher`` says where it came from: mpi, env or none."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    hostname: str
+    launcher: str = "none"
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def under_mpi(self) -> bool:
+        return self.launcher == "mpi"
+
+
+def _started_by_mpi_launcher() -> bool:
+    return any(name in os.environ for name in _MPI_LAUNCHER_VARS)
+
+
+def _mpi() -> Any:
+    from mpi4py import MPI  # initializes MPI on first import
+
+    return MPI
+
+
+def detect_identity(use_mpi: bool | None = None) -> Identity:
+    """This process's identity: from mpi4py under an MPI launcher, else from env vars, else rank 0 of 1.
+
+    ``use_mpi=None`` (auto) uses MPI only when mpi4py imports and a launcher's variables are present;
+    ``True`` forces it (a plain process becomes an MPI singleton), ``False`` never touches MPI.
+    """
+    forced = use_mpi is True
+    if use_mpi is None:
+        use_mpi = _started_by_mpi_launcher()
+    if use_mpi:
+        try:
+            MPI = _mpi()
+        except ImportError:
+            if forced:
+                raise
+        else:
+            world = MPI.COMM_WORLD
+            local = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+            try:
+                return Identity(world.Get_rank(), world.Get_size(), local.Get_rank(), local.Get_size(),
+                                MPI.Get_processor_name(), "mpi")
+            finally:
+                local.Free()
+    hostname = socket.gethostname()
+    for rank_var, size_var, local_rank_var, local_size_var in _ENV_IDENTITIES:
+        if rank_var in os.environ and size_var in os.environ:
+            rank, size = int(os.environ[rank_var]), int(os.environ[size_var])
+            local_rank = int(os.environ.get(local_rank_var, rank))
+            # SLURM_NTASKS_PER_NODE may read "2(x3)"; the leading number is this node's count.
+            local_size = int(os.environ.get(local_size_var, str(size)).split("(")[0].split(",")[0])
+            if not 0 <= rank < size:
+                raise ValueError(f"{rank_var}={rank} is outside 0..{size - 1} ({size_var}={size})")
+            return Identity(rank, size, local_rank, local_size, hostname, "env")
+    return Identity(0, 1, 0, 1, hostname, "none")
+
+
+def _rendezvous_address(identity: Identity) -> str:
+    """Rank 0 binds a free port and broadcasts ``tcp://host:port`` to every rank through MPI."""
+    MPI = _mpi()
+    address = None
+    if identity.rank == 0:
+        single_host = identity.local_size == identity.size
+        host = "127.0.0.1" if single_host else os.environ.get("RAPID_MASTER_ADDR", identity.hostname)
+        with socket.socket() as s:
+            # The port is released again for torch's TCPStore to bind; the window is a few milliseconds.
+            s.bind(("127.0.0.1" if single_host else "", 0))
+            port = s.getsockname()[1]
+        address = f"tcp://{host}:{port}"
+    return MPI.COMM_WORLD.bcast(address, root=0)
+
+
+def init_process_group(identity: Identity | None = None, backend: str | None = None,
+                       timeout: float = 600.0) -> DistContext:
+    """Start torch.distributed for ``identity`` (detected if None) and return its :class:`DistContext`.
+
+    Backend: ``nccl`` with device ``cuda:<local_rank>`` when CUDA is available, else ``gloo`` on CPU.
+    Under MPI the rendezvous address comes from rank 0; without MPI and more than one rank, torch's
+    ``env://`` method is used (``MASTER_ADDR``/``MASTER_PORT``).
+    """
+    import torch
+    import torch.distributed as dist
+
+    identity = identity or detect_identity()
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        device = torch.device("cuda", identity.local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if identity.size == 1:
+        return DistContext(identity, backend, device, initialized=False)
+    if identity.under_mpi:
+        init_method = _rendezvous_address(identity)
+    elif "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+        init_method = "env://"
+    else:
+        raise RuntimeError(f"{identity.size} ranks without MPI need MASTER_ADDR and MASTER_PORT for the rendezvous")
+    dist.init_process_group(backend, init_method=init_method, rank=identity.rank, world_size=identity.size,
+                            timeout=datetime.timedelta(seconds=timeout))
+    return DistContext(identity, backend, device, initialized=True)
+
+
+def _buckets(tensors: list[torch.Tensor], bucket_bytes: int) -> Iterator[list[torch.Tensor]]:
+    """Consecutive runs of same dtype/device tensors of about ``bucket_bytes`` each."""
+    bucket: list[torch.Tensor] = []
+    size = 0
+    for t in tensors:
+        if bucket and (size + t.numel() * t.element_size() > bucket_bytes
+                       or t.dtype != bucket[0].dtype or t.device != bucket[0].device):
+            yield bucket
+            bucket, size = [], 0
+        bucket.append(t)
+        size += t.numel() * t.element_size()
+    if bucket:
+        yield bucket
+
+
+class DistContext:
+    """Collectives over all ranks. With one rank (no process group) they return their input unchanged."""
+
+    def __init__(self, identity: Identity, backend: str, device: torch.device, initialized: bool):
+        self.identity = identity
+        self.backend = backend
+        self.device = device
+        self._initialized = initialized
+
+    @property
+    def rank(self) -> int:
+        return self.identity.rank
+
+    @property
+    def size(self) -> int:
+        return self.identity.size
+
+    def all_reduce_gradients(self, params: Iterable[torch.Tensor],
+                             bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        """Replace every gradient by its mean over ranks. A missing grad counts as zeros (and is created),
+        so ranks that did not touch a parameter stay in step with ranks that did."""
+        if not self._initialized:
+            return
+        import torch
+        import torch.distributed as dist
+
+        params = [p for p in params if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params]
+        with torch.no_grad():
+            for bucket in _buckets(grads, bucket_bytes):
+                flat = torch.cat([g.reshape(-1) for g in bucket])
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+                flat.div_(self.size)
+                offset = 0
+                for g in bucket:
+                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                    offset += g.numel()
+
+    def broadcast_parameters(self, module_or_params: torch.nn.Module | Iterable[torch.Tensor], src: int = 0,
+                             bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        """Copy rank ``src``'s parameters (and a module's buffers) to every rank."""
+        if not self._initialized:
+            return
+        import torch
+        import torch.distributed as dist
+
+        if isinstance(module_or_params, torch.nn.Module):
+            tensors = [*module_or_params.parameters(), *module_or_params.buffers()]
+        else:
+            tensors = list(module_or_params)
+        with torch.no_grad():
+            for bucket in _buckets([t.data for t in tensors], bucket_bytes):
+                flat = torch.cat([t.reshape(-1) for t in bucket])
+                dist.broadcast(flat, src=src)
+                offset = 0
+                for t in bucket:
+                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                    offset += t.numel()
+
+    def all_reduce_scalars(self, values: dict[str, float]) -> dict[str, float]:
+        """The mean of each named value over ranks (every rank must pass the same names)."""
+        if not self._initialized:
+            return {name: float(v) for name, v in values.items()}
+        import torch
+        import torch.distributed as dist
+
+        names = sorted(values)
+        # float64 so means of counters stay exact; NCCL needs the tensor on the rank's device.
+        flat = torch.tensor([float(values[n]) for n in names], dtype=torch.float64, device=self.device)
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        return {n: v / self.size for n, v in zip(names, flat.tolist())}
+
+    def barrier(self) -> None:
+        if self._initialized:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def shutdown(self) -> None:
+        """Tear down the process group (idempotent)."""
+        if self._initialized:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+            self._initialized = False
+
+    def abort_on_error(self) -> abort_on_error:
+        return abort_on_error(self.identity)
+
+    def __enter__(self) -> DistContext:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        # On an error, skip the orderly teardown: destroy_process_group can block on peers still inside a
+        # collective, and the failing rank must reach abort_on_error's message and MPI Abort first.
+        if exc_type is None:
+            self.shutdown()
+
+
+class abort_on_error(contextlib.ContextDecorator):
+    """Wrap an MPI entry point so one failing rank ends the whole job instead of hanging the others.
+
+    On an exception (or a non-zero ``sys.exit``): print ``rapid: rank R: <ErrorType>: <message>`` to stderr
+    (the traceback too when ``RAPID_TRACEBACK=1``) and call ``MPI.COMM_WORLD.Abort(1)``. Outside MPI the
+    exception propagates unchanged.
+    """
+
+    def __init__(self, identity: Identity | None = None):
+        self.identity = identity
+
+    def __enter__(self) -> abort_on_error:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool:
+        if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
+            return False
+        identity = self.identity or detect_identity()
+        if not identity.under_mpi:
+            return False
+        if os.environ.get("RAPID_TRACEBACK") == "1":
+            traceback.print_exception(exc_type, exc, tb, file=sys.stderr)
+        message = " ".join(str(exc).split())
+        print(f"rapid: rank {identity.rank}: {exc_type.__name__}: {message}", file=sys.stderr, flush=True)
+        _mpi().COMM_WORLD.Abort(1)
+        return False  # not reached: Abort ends the process
