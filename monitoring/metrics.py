@@ -59,6 +59,9 @@ UPDATE_STATS = {
 }
 # Store operations the role helpers report under; store_op() accepts any other name too.
 OP_EXPERIENCE_PUT, OP_EXPERIENCE_GET, OP_PARAMS_GET = "experience_put", "experience_get", "params_get"
+# Why the optimizer rejects an experience object: undecodable bytes, wrong schema/shapes, NaN/inf inside.
+# Exported at 0 from the start so the dashboard and alerts see the series before the first rejection.
+BAD_OBJECT_REASONS = ("decode", "invalid", "nonfinite")
 
 _TARGET_FILE = re.compile(r"^([a-z][a-z0-9_]*)-(\d+)\.json$")
 
@@ -250,8 +253,11 @@ class OptimizerMetrics(RoleMetrics):
         self._win = self._gauge("rapid_win_rate", "Recent win rate of the learning side.", ("opponent",))
         self._store_metrics()
         self._episode_metrics()
+        # Touching a child exports it at 0 from the start, so dashboards and rate() see every series.
         for phase in UPDATE_PHASES:
-            self._phase[phase]  # exported from the start, so dashboards list every phase
+            self._phase[phase]
+        for reason in BAD_OBJECT_REASONS:
+            self._bad[reason]
         self._dl_bytes = self._store_bytes[OP_EXPERIENCE_GET]
         self._dl_seconds = self._store_seconds[OP_EXPERIENCE_GET]
         self._store_errors[OP_EXPERIENCE_GET]
@@ -333,6 +339,7 @@ class LauncherMetrics(RoleMetrics):
 
     def processes_alive(self, child_role: str, n: int) -> None:
         self._alive[child_role].set(n)
+        self._restarts[child_role]  # restarts exported at 0 from a role's first report
 
     def restart(self, child_role: str) -> None:
         self._restarts[child_role].inc()
