@@ -1,0 +1,108 @@
+"""MPI + torch.distributed setup, with the venv's real ``mpiexec`` (pip's MPICH) and gloo on CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rapid.infra.distributed import Identity, abort_on_error, detect_identity, init_process_group
+
+SCRIPTS = Path(__file__).parent / "mpi_scripts"
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+_LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+                  "PMIX_RANK", "MPI_LOCALNRANKS", "MPI_LOCALRANKID", "SLURM_PROCID", "SLURM_NTASKS",
+                  "RAPID_RANK", "RAPID_WORLD_SIZE")
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
+
+
+def mpiexec(n: int, script: str, timeout: float) -> subprocess.CompletedProcess:
+    assert MPIEXEC.exists(), f"no mpiexec next to {sys.executable}: pip install mpich"
+    return subprocess.run([str(MPIEXEC), "-n", str(n), sys.executable, str(SCRIPTS / script)],
+                          capture_output=True, text=True, timeout=timeout, env=clean_env())
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_ranks_end_with_bit_identical_parameters(ranks):
+    result = mpiexec(ranks, "sgd_ranks.py", timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("OK "), result.stdout + result.stderr[-2000:]
+
+
+def test_raising_rank_ends_the_job_with_one_clear_line():
+    start = time.monotonic()
+    result = mpiexec(2, "raise_on_rank.py", timeout=60)
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0
+    assert elapsed < 10, f"the job took {elapsed:.1f}s to end"
+    lines = [line for line in result.stderr.splitlines() if line.startswith("rapid: rank 1:")]
+    assert lines == ["rapid: rank 1: ValueError: boom from the test second line"], result.stderr
+
+
+def test_plain_process_is_rank_0_of_1(monkeypatch):
+    for name in _LAUNCHER_VARS:
+        monkeypatch.delenv(name, raising=False)
+    identity = detect_identity()
+    assert (identity.rank, identity.size, identity.local_rank, identity.local_size) == (0, 1, 0, 1)
+    assert identity.launcher == "none" and identity.is_root and not identity.under_mpi
+
+
+def test_identity_from_environment(monkeypatch):
+    for name in _LAUNCHER_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_PROCID", "5")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4(x2)")
+    identity = detect_identity()
+    assert (identity.rank, identity.size, identity.local_rank, identity.local_size) == (5, 8, 1, 4)
+    monkeypatch.setenv("RAPID_RANK", "2")  # rapid's own variables win over the scheduler's
+    monkeypatch.setenv("RAPID_WORLD_SIZE", "3")
+    identity = detect_identity()
+    assert (identity.rank, identity.size, identity.launcher) == (2, 3, "env")
+    monkeypatch.setenv("RAPID_RANK", "3")
+    with pytest.raises(ValueError):
+        detect_identity()
+
+
+def test_single_rank_collectives_are_no_ops():
+    identity = Identity(0, 1, 0, 1, "localhost")
+    with init_process_group(identity) as dist:
+        assert dist.backend == "gloo" and not torch.distributed.is_initialized()
+        model = torch.nn.Linear(3, 2)
+        model.weight.grad = torch.ones(2, 3)
+        dist.broadcast_parameters(model)
+        dist.all_reduce_gradients(model.parameters())
+        assert torch.equal(model.weight.grad, torch.ones(2, 3)) and model.bias.grad is None
+        assert dist.all_reduce_scalars({"loss": 1.5}) == {"loss": 1.5}
+        dist.barrier()
+
+
+def test_abort_on_error_outside_mpi_reraises():
+    identity = Identity(0, 1, 0, 1, "localhost")
+
+    @abort_on_error(identity)
+    def entry() -> None:
+        raise KeyError("k")
+
+    with pytest.raises(KeyError):
+        entry()
+    with abort_on_error(identity):
+        pass
+
+
+def test_infra_imports_no_torch_and_nothing_above_it():
+    code = ("import sys, rapid.infra.store, rapid.infra.s3, rapid.infra.distributed\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n"
+            "bad = [m for m in sys.modules if m.startswith('rapid.') and not m.startswith('rapid.infra')]\n"
+            "assert not bad, bad\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env())
+    assert result.returncode == 0, result.stderr
