@@ -1,0 +1,27 @@
+"""The league (SPEC §6): opponent pool, opponent sampling, match results and TrueSkill ratings.
+
+Who calls what:
+
+- rollout worker: ``OpponentSampler.choose(rng)`` at each game start, ``load_params(id)`` for a
+  snapshot opponent, ``ResultWriter.write([...])`` with the finished games' ``MatchResult``s;
+- optimizer rank 0: ``League.update(lambda s: ensure_bots(s, bots, now))`` once, then after each
+  publish ``League.add_snapshot(...)`` every ``snapshot_every`` versions and
+  ``ResultFolder.fold_pending()``;
+- evaluator / ``rapid league rate``: ``League.update(lambda s: rate_games(...))``;
+- CLI: ``rapid.league.cli.build_parser`` and ``run``.
+
+This package handles numpy arrays only (no torch), so importing it stays light.
+"""
+
+from rapid.league.pool import (League, Member, PoolConflict, PoolFormatError, PoolMissing, PoolState, Rating,
+                               ensure_bots, version_id)
+from rapid.league.ratings import conservative, rate_games, rating_of
+from rapid.league.results import MatchResult, ResultFolder, ResultWriter, fold_results
+from rapid.league.sampling import LATEST, OpponentChoice, OpponentSampler, SamplingConfig
+
+__all__ = [
+    "LATEST", "League", "MatchResult", "Member", "OpponentChoice", "OpponentSampler", "PoolConflict",
+    "PoolFormatError", "PoolMissing", "PoolState", "Rating", "ResultFolder", "ResultWriter",
+    "SamplingConfig", "conservative", "ensure_bots", "fold_results", "rate_games", "rating_of",
+    "version_id",
+]

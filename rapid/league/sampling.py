@@ -1,0 +1,180 @@
+"""Opponent sampling: OpenAI Five quality scores and PFSP (SPEC §6). Pure functions plus a worker cache.
+
+The opponent of a game is, with probability ``bot_prob``, a scripted bot (uniform over active bots);
+otherwise the latest policy with probability ``latest_prob``, or else a past snapshot:
+
+- ``openai_five``: p_i ∝ exp(q_i). A snapshot joins with q = max of the pool; when the learner beats
+  snapshot i, q_i ← q_i − η/(N·p_i) (N active snapshots), so beaten snapshots are sampled less.
+- ``pfsp`` (AlphaStar): p_i ∝ f(x_i), x_i the learner's win rate against i, f(x) = (1 − x)^power
+  ("hard" weighting: focus on the opponents the learner still loses to).
+
+Missing categories (no bots, no snapshots) give their share to the latest policy.
+Usage in a rollout worker::
+
+    sampler = OpponentSampler(League(store), SamplingConfig(latest_prob=0.8), refresh_s=30)
+    choice = sampler.choose(rng)        # at every game start; fixed for the whole game
+    if choice.kind == "snapshot":
+        params = sampler.load_params(choice.id)      # LRU-cached, not re-downloaded per game
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from rapid.errors import FormatError, UsageError
+from rapid.infra.store import StoreError
+from rapid.league.pool import League, Member, PoolState
+from rapid.params import ParamsObject
+
+LATEST = "latest"
+SCHEMES = ("openai_five", "pfsp")
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    scheme: str = "openai_five"
+    latest_prob: float = 0.8
+    eta: float = 0.01
+    pfsp_power: float = 2.0
+    bot_prob: float = 0.0
+
+    def __post_init__(self):
+        if self.scheme not in SCHEMES:
+            raise UsageError(f"league scheme must be one of {SCHEMES}, got {self.scheme!r}")
+        for name in ("latest_prob", "bot_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise UsageError(f"league {name} must be in [0, 1], got {getattr(self, name)}")
+        if self.eta < 0 or self.pfsp_power < 0:
+            raise UsageError("league eta and pfsp_power must be non-negative")
+
+
+@dataclass(frozen=True)
+class OpponentChoice:
+    id: str  # "latest", a snapshot id or a bot id
+    kind: str  # "latest" | "snapshot" | "bot"
+    version: int | None  # the snapshot's learner version; None for the latest policy and bots
+
+
+def quality_probabilities(snapshots: list[Member]) -> dict[str, float]:
+    """OpenAI Five: p_i = exp(q_i) / Σ_j exp(q_j) over the given snapshots."""
+    if not snapshots:
+        return {}
+    top = max(m.quality for m in snapshots)  # shift by the max: exp never overflows
+    weights = {m.id: math.exp(m.quality - top) for m in snapshots}
+    total = sum(weights.values())
+    return {k: w / total for k, w in weights.items()}
+
+
+def pfsp_weight(win_rate: float, power: float) -> float:
+    """f(x) = (1 − x)^power, the "hard" weighting; x is the learner's win rate against the opponent."""
+    return (1.0 - win_rate) ** power
+
+
+def pfsp_probabilities(snapshots: list[Member], power: float) -> dict[str, float]:
+    """PFSP: p_i ∝ f(x_i); an opponent never played counts as x = 0.5; uniform if every weight is 0."""
+    if not snapshots:
+        return {}
+    weights = {}
+    for m in snapshots:
+        x = m.learner_win_rate()
+        weights[m.id] = pfsp_weight(0.5 if x is None else x, power)
+    total = sum(weights.values())
+    if total <= 0:
+        return {k: 1.0 / len(weights) for k in weights}
+    return {k: w / total for k, w in weights.items()}
+
+
+def past_probabilities(state: PoolState, config: SamplingConfig) -> dict[str, float]:
+    """The distribution over active snapshots, given that a past opponent is played."""
+    if config.scheme == "pfsp":
+        return pfsp_probabilities(state.snapshots(), config.pfsp_power)
+    return quality_probabilities(state.snapshots())
+
+
+def quality_update(quality: float, probability: float, n_snapshots: int, eta: float) -> float:
+    """OpenAI Five, after the learner beats a snapshot: q ← q − η / (N·p)."""
+    return quality - eta / (n_snapshots * probability)
+
+
+def opponent_distribution(state: PoolState, config: SamplingConfig) -> dict[str, float]:
+    """Every possible opponent of the next game (``LATEST``, snapshot ids, bot ids) with its probability."""
+    bots = state.bots()
+    past = past_probabilities(state, config)
+    bot_share = config.bot_prob if bots else 0.0
+    past_share = (1.0 - bot_share) * (1.0 - config.latest_prob) if past else 0.0
+    dist = {LATEST: 1.0 - bot_share - past_share}
+    dist.update({k: past_share * p for k, p in past.items()})
+    dist.update({m.id: bot_share / len(bots) for m in bots})
+    return dist
+
+
+def choice_for(state: PoolState, opponent_id: str) -> OpponentChoice:
+    if opponent_id == LATEST:
+        return OpponentChoice(LATEST, "latest", None)
+    m = state.members[opponent_id]
+    return OpponentChoice(m.id, m.kind, m.version)
+
+
+class OpponentSampler:
+    """A rollout worker's view of the pool: a periodically refreshed distribution and a params cache.
+
+    A failed refresh (store unreachable, damaged pool) keeps the previous pool: workers never stop
+    playing because the league is briefly unavailable; ``refresh_errors`` counts such failures.
+    """
+
+    def __init__(self, league: League, config: SamplingConfig, refresh_s: float = 30.0, cache_size: int = 4,
+                 clock: Callable[[], float] = time.monotonic):
+        self.league = league
+        self.config = config
+        self.refresh_s = refresh_s
+        self.cache_size = cache_size
+        self.clock = clock
+        self.state = PoolState()
+        self.refresh_errors = 0
+        self._refreshed_at: float | None = None
+        self._ids: list[str] = [LATEST]
+        self._cumulative = np.ones(1)
+        self._cache: OrderedDict[str, ParamsObject] = OrderedDict()
+
+    def refresh(self, force: bool = False) -> None:
+        now = self.clock()
+        if not force and self._refreshed_at is not None and now - self._refreshed_at < self.refresh_s:
+            return
+        self._refreshed_at = now
+        try:
+            state = self.league.read_or_empty()
+        except (StoreError, FormatError):
+            self.refresh_errors += 1
+            return
+        self.state = state
+        dist = opponent_distribution(state, self.config)
+        self._ids = list(dist)
+        self._cumulative = np.cumsum(list(dist.values()))
+
+    def distribution(self) -> dict[str, float]:
+        self.refresh()
+        return opponent_distribution(self.state, self.config)
+
+    def choose(self, rng: np.random.Generator) -> OpponentChoice:
+        """The opponent of the next game (call once per game start)."""
+        self.refresh()
+        u = rng.random() * self._cumulative[-1]  # scaled: float rounding never falls off the end
+        i = min(int(np.searchsorted(self._cumulative, u, side="right")), len(self._ids) - 1)
+        return choice_for(self.state, self._ids[i])
+
+    def load_params(self, member_id: str) -> ParamsObject:
+        """A snapshot's weights, from a small LRU cache (snapshots are immutable: never stale)."""
+        if member_id in self._cache:
+            self._cache.move_to_end(member_id)
+            return self._cache[member_id]
+        obj = self.league.load_snapshot(member_id)
+        self._cache[member_id] = obj
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return obj
