@@ -20,6 +20,7 @@ from rapid.league.results import (MatchResult, ResultFolder, ResultWriter, decod
 from rapid.league.sampling import (LATEST, OpponentSampler, SamplingConfig, opponent_distribution,
                                    pfsp_probabilities, pfsp_weight, quality_probabilities)
 from rapid.params import ParameterStore, ParamsObject, params_key
+from tests.s3_server import s3_server, s3_store  # noqa: F401  (fixtures)
 
 
 def snap(i: int, q: float = 0.0, **kw) -> Member:
@@ -210,6 +211,27 @@ def test_concurrent_updates_lose_nothing(store):
     assert len(store.list("league/pool/")) <= 8 + 16 + 1
 
 
+def test_pool_on_s3(s3_store, capsys):
+    """The same scheme on S3, where put_if_absent is a conditional PUT (IfNoneMatch)."""
+    league = League(s3_store, keep_revisions=4)
+    ParameterStore(s3_store).publish(2, {"w": np.zeros(3, np.float32)})
+    assert cli.run(parse("add", "--version", "2"), s3_store) == 0
+
+    def bump(state: PoolState) -> PoolState:
+        state.members[version_id(2)].games += 1
+        return state
+
+    threads = [threading.Thread(target=lambda: [league.update(bump) for _ in range(8)]) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert league.read().members[version_id(2)].games == 24
+    capsys.readouterr()
+    assert cli.run(parse("ls"), s3_store) == 0
+    assert version_id(2) in capsys.readouterr().out
+
+
 def test_lagging_pointer_and_corrupt_documents(store):
     league = League(store)
     league.update(lambda s: pool_of(snap(1)))
@@ -227,6 +249,8 @@ def test_lagging_pointer_and_corrupt_documents(store):
         with pytest.raises(PoolFormatError):
             league.read()
     assert issubclass(PoolFormatError, FormatError)
+    with pytest.raises(UsageError, match="damaged"):
+        cli.run(parse("ls"), store)
 
 
 # --- ratings -----------------------------------------------------------------------------------------
@@ -249,7 +273,8 @@ def test_trueskill_winner_gains_and_sigma_shrinks():
 # --- match results -----------------------------------------------------------------------------------
 
 def test_results_round_trip_and_rejects_corrupt():
-    rs = [MatchResult(3, "v000000000001", "learner", 50, "w1", 12.5), MatchResult(3, "latest", "draw", 9, "w1", 13)]
+    rs = [MatchResult(3, "v000000000001", "learner", 50, "w1", 12.5),
+          MatchResult(3, "latest", "draw", 9, "w1", 13)]
     data = encode_results(rs)
     assert decode_results(data) == rs
     with pytest.raises(FormatError):

@@ -24,8 +24,8 @@ from typing import Callable
 from rapid import codec
 from rapid.errors import FormatError, UsageError
 from rapid.infra.store import KeyNotFound, Store
-from rapid.league.pool import (League, PoolMissing, PoolState, add_member, check_member_id, dump_pool,
-                               ensure_bots, load_pool, set_flag, snapshot_key, version_id)
+from rapid.league.pool import (League, PoolFormatError, PoolMissing, PoolState, add_member, check_member_id,
+                               dump_pool, ensure_bots, load_pool, set_flag, snapshot_key, version_id)
 from rapid.league.ratings import rate_games, rating_of
 from rapid.params import ParameterStore, decode_params, params_key
 
@@ -74,7 +74,10 @@ def run(args: argparse.Namespace, store: Store, play_match: PlayMatch | None = N
         return run_rate(args, store, play_match)
     handlers = {"ls": _ls, "add": _add, "pin": _pin, "unpin": _pin, "retire": _retire,
                 "export": _export, "import": _import, "plot": _plot}
-    return handlers[command](args, league)
+    try:
+        return handlers[command](args, league)
+    except PoolFormatError as e:
+        raise UsageError(f"the league pool is damaged: {e}") from e
 
 
 def _read(league: League) -> PoolState:
@@ -83,8 +86,6 @@ def _read(league: League) -> PoolState:
     except PoolMissing:
         raise UsageError(f"no league pool in {league.store.describe()} (start a training run with a "
                          "league, or `rapid league add`)") from None
-    except FormatError as e:
-        raise UsageError(f"the league pool is damaged: {e}") from e
 
 
 def resolve(state: PoolState, name: str) -> str:
@@ -142,9 +143,13 @@ def _add(args, league: League) -> int:
             raise UsageError(f"cannot read {args.file}: {e.strerror}") from e
         source = str(args.file)
     try:
-        member = league.add_snapshot_bytes(blob, member_id=args.id, pinned=args.pin)
+        decode_params(blob)
     except FormatError as e:
         raise UsageError(f"{source} is not a valid rapid params object: {e}") from e
+    try:
+        member = league.add_snapshot_bytes(blob, member_id=args.id, pinned=args.pin)
+    except PoolFormatError:
+        raise
     except ValueError as e:  # an invalid --id
         raise UsageError(str(e)) from None
     except FileExistsError as e:
@@ -200,8 +205,8 @@ def _import(args, league: League) -> int:
     new = [m for m in pool.members.values() if m.id not in existing]
     for m in new:
         if m.kind == "snapshot":
-            key = snapshot_key(m.id)
-            if not league.store.put_if_absent(key, snapshots[m.id]) and league.store.get(key) != snapshots[m.id]:
+            key, blob = snapshot_key(m.id), snapshots[m.id]
+            if not league.store.put_if_absent(key, blob) and league.store.get(key) != blob:
                 raise UsageError(f"this run already holds different weights under snapshot {m.id}")
 
     def merge(state: PoolState) -> PoolState:
