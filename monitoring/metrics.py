@@ -67,29 +67,45 @@ _TARGET_FILE = re.compile(r"^([a-z][a-z0-9_]*)-(\d+)\.json$")
 
 
 class _StalenessCollector(Collector):
-    """A histogram fed whole arrays at once: one numpy pass per batch instead of one observe() per sample."""
+    """A histogram fed whole arrays at once: one numpy pass per batch instead of one observe() per sample.
+
+    Integer staleness (the normal case) is counted per value 0..top+1 with one bincount and folded into
+    buckets only at scrape time; float arrays take the general searchsorted path.
+    """
 
     def __init__(self, labels: tuple[str, str, str]):
         self._labels = list(labels)
         self._bounds = np.asarray(STALENESS_BUCKETS, dtype=np.float64)
-        self._counts = np.zeros(len(STALENESS_BUCKETS) + 1, dtype=np.int64)  # last slot: above the top bucket
+        self._top = int(STALENESS_BUCKETS[-1]) + 1  # integer values >= top all land above the last bucket
+        # side="left": a value equal to a bound belongs to that bound's bucket (le is inclusive).
+        self._bucket_of_int = np.searchsorted(self._bounds, np.arange(self._top + 1), side="left")
+        self._per_int = np.zeros(self._top + 1, dtype=np.int64)
+        self._per_bucket = np.zeros(len(STALENESS_BUCKETS) + 1, dtype=np.int64)  # last slot: above the top
         self._sum = 0.0
         self._lock = threading.Lock()
 
     def observe(self, values) -> None:
-        arr = np.asarray(values, dtype=np.float64).ravel()
+        arr = np.asarray(values).ravel()
         if arr.size == 0:
             return
-        # side="left": a value equal to a bound belongs to that bound's bucket (le is inclusive).
-        counts = np.bincount(np.searchsorted(self._bounds, arr, side="left"), minlength=self._counts.size)
+        if arr.dtype.kind in "iu":
+            # Negative values are clipped into le=0, which is where Prometheus would count them too.
+            counts = np.bincount(np.clip(arr, 0, self._top), minlength=self._top + 1)
+            target = self._per_int
+        else:
+            counts = np.bincount(np.searchsorted(self._bounds, arr, side="left"), minlength=self._per_bucket.size)
+            target = self._per_bucket
+        total = float(arr.sum())
         with self._lock:
-            self._counts += counts
-            self._sum += float(arr.sum())
+            target += counts
+            self._sum += total
 
     def collect(self):
         with self._lock:
-            cumulative = np.cumsum(self._counts).tolist()
+            per_bucket = self._per_bucket + np.bincount(
+                self._bucket_of_int, weights=self._per_int, minlength=self._per_bucket.size).astype(np.int64)
             total = self._sum
+        cumulative = np.cumsum(per_bucket).tolist()
         family = HistogramMetricFamily(
             "rapid_sample_staleness", "Optimizer version minus the version that generated each sample.",
             labels=list(BASE_LABELS),

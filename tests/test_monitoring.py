@@ -125,9 +125,11 @@ def test_roles_have_private_registries():
 
 def test_staleness_histogram_counts_whole_arrays():
     o = M.OptimizerMetrics("s", 0)
-    values = np.array([0, 0, 1, 3, 8, 9, 33, 100])
-    o.staleness(values)
+    ints, floats = np.array([0, 0, 1, 3, 8, 9, 32, 33, 100]), np.array([0.5, 8.0, 40.0])
+    o.staleness(ints)  # the integer fast path
+    o.staleness(floats)  # the general path
     o.staleness([])
+    values = np.concatenate([ints, floats])
     labels = {"role": "optimizer", "rank": "0", "run": "s"}
     get = o.registry.get_sample_value
     for bound in M.STALENESS_BUCKETS:
@@ -203,6 +205,9 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(prometheus): 
         prometheus.wait_for(f'count(up{{run="{run}"}} == 1) == 4')
         missing = prom.check_dashboard_queries(prometheus.url, prom.DASHBOARD_PATH, run, timeout=20)
         assert missing == [], f"dashboard queries without data: {missing}\n{prometheus.log_tail()}"
+        # ...and the check is not vacuous: another run's selection has no data anywhere.
+        assert prom.check_dashboard_queries(prometheus.url, prom.DASHBOARD_PATH, "other") == \
+            prom.dashboard_queries(prom.DASHBOARD_PATH, "other")
         # The $run variable's own query lists the run.
         assert run in prometheus.api("/api/v1/label/run/values?match[]=rapid_updates_total")["data"]
         rules = [r for g in prometheus.api("/api/v1/rules")["data"]["groups"] for r in g["rules"]]
