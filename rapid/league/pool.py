@@ -231,10 +231,14 @@ def _typed(value, kind, where: str):
     return value
 
 
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not allowed")  # NaN or ±Infinity would poison sampling
+
+
 def load_pool(data: bytes, where: str = "pool document") -> PoolState:
     """Parse and validate a pool document; :class:`PoolFormatError` for anything wrong."""
     try:
-        doc = json.loads(data)
+        doc = json.loads(data, parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise PoolFormatError(f"{where}: not JSON ({e})") from e
     if not isinstance(doc, dict) or doc.get("format") != POOL_FORMAT:
@@ -348,15 +352,21 @@ class League:
             revisions = self._revisions()
             if not revisions:
                 return None
-            state = load_pool(self.store.get(revision_key(revisions[-1])), revision_key(revisions[-1]))
+            state = self._load_revision(revisions[-1], self.store.get(revision_key(revisions[-1])))
         # The pointer may lag (a writer died before updating it, or a slow one rewrote an older copy).
         while True:
-            key = revision_key(state.revision + 1)
             try:
-                blob = self.store.get(key)
+                blob = self.store.get(revision_key(state.revision + 1))
             except KeyNotFound:
                 return state
-            state = load_pool(blob, key)
+            state = self._load_revision(state.revision + 1, blob)
+
+    @staticmethod
+    def _load_revision(revision: int, blob: bytes) -> PoolState:
+        state = load_pool(blob, revision_key(revision))
+        if state.revision != revision:
+            raise PoolFormatError(f"{revision_key(revision)} holds revision {state.revision}")
+        return state
 
     def _revisions(self) -> list[int]:
         out = []
