@@ -1,4 +1,4 @@
-"""Prometheus metrics for every rapid role, the /metrics exporter, and file-based target discovery (SPEC §9).
+"""Prometheus metrics for every rapid role and the /metrics exporter (SPEC §9); discovery is in targets.py.
 
 Usage (a rollout worker; the optimizer, evaluator and launcher look the same)::
 
@@ -22,15 +22,10 @@ target labels (the same three) only add them to ``up``. Hot-path methods touch p
 
 from __future__ import annotations
 
-import json
-import logging
 import os
-import re
-import tempfile
 import threading
 import time
-from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Mapping
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
@@ -38,7 +33,12 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 
-log = logging.getLogger(__name__)
+from rapid.monitoring.targets import collect_targets, register_process, write_file_sd
+
+__all__ = [
+    "RolloutMetrics", "OptimizerMetrics", "EvaluatorMetrics", "LauncherMetrics", "RoleMetrics",
+    "start_exporter", "metric_names", "register_process", "collect_targets", "write_file_sd",
+]
 
 BASE_LABELS = ("role", "rank", "run")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -62,9 +62,6 @@ OP_EXPERIENCE_PUT, OP_EXPERIENCE_GET, OP_PARAMS_GET = "experience_put", "experie
 # Why the optimizer rejects an experience object: undecodable bytes, wrong schema/shapes, NaN/inf inside.
 # Exported at 0 from the start so the dashboard and alerts see the series before the first rejection.
 BAD_OBJECT_REASONS = ("decode", "invalid", "nonfinite")
-
-_TARGET_FILE = re.compile(r"^([a-z][a-z0-9_]*)-(\d+)\.json$")
-
 
 class _StalenessCollector(Collector):
     """A histogram fed whole arrays at once: one numpy pass per batch instead of one observe() per sample.
@@ -377,51 +374,3 @@ def start_exporter(registry: CollectorRegistry, port: int, addr: str = "127.0.0.
     """Serve ``registry`` on /metrics from a daemon thread; ``port=0`` picks a free port. Returns the bound port."""
     server, _ = _start_server(registry, port, addr)
     return server.server_port
-
-
-def _write_json_atomic(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1)
-        os.replace(tmp, path)  # Prometheus' file watcher must never see a half-written list
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
-def register_process(run_dir: str | os.PathLike, role: str, rank: int, port: int, host: str = "127.0.0.1") -> Path:
-    """Write ``<run_dir>/metrics/<role>-<rank>.json`` so collect_targets() finds this process' exporter."""
-    if not re.match(r"^[a-z][a-z0-9_]*$", role):
-        raise ValueError(f"role must be lower-case letters, digits and '_', got {role!r}")
-    path = Path(run_dir) / "metrics" / f"{role}-{int(rank)}.json"
-    _write_json_atomic(path, {"role": role, "rank": int(rank), "host": host, "port": int(port), "pid": os.getpid()})
-    return path
-
-
-def collect_targets(run_dir: str | os.PathLike) -> list[dict]:
-    """All registered processes of a run, sorted by role then rank. Unreadable entries are logged and skipped."""
-    folder = Path(run_dir) / "metrics"
-    targets = []
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
-        if not _TARGET_FILE.match(path.name):
-            continue  # targets.json and other files that share the folder
-        try:
-            entry = json.loads(path.read_text())
-            targets.append({"role": str(entry["role"]), "rank": int(entry["rank"]), "host": str(entry["host"]),
-                            "port": int(entry["port"]), "pid": int(entry.get("pid", 0))})
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("skipping metrics target %s: %s", path, exc)
-    return sorted(targets, key=lambda t: (t["role"], t["rank"]))
-
-
-def write_file_sd(targets: Iterable[Mapping], path: str | os.PathLike, run: str) -> Path:
-    """Write a Prometheus file_sd JSON list: one group per process, labelled role/rank/run (atomic replace)."""
-    groups = [{"targets": [f"{t['host']}:{int(t['port'])}"],
-               "labels": {"role": str(t["role"]), "rank": str(int(t["rank"])), "run": str(run)}}
-              for t in targets]
-    path = Path(path)
-    _write_json_atomic(path, groups)
-    return path
-

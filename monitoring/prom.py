@@ -9,6 +9,8 @@ Usage::
     missing = check_dashboard_queries(prom.url, DASHBOARD_PATH, run="demo", timeout=20)
     prom.stop()
 
+    run_monitor(run_dir, port=9090)                     # all of the above for `rapid monitor`, until Ctrl-C
+
 Processes register themselves with ``rapid.monitoring.metrics.register_process``; the target list Prometheus
 reads is ``<run_dir>/metrics/targets.json`` (file_sd), regenerated from those registrations. The generated config
 is JSON, which is valid YAML, so no YAML library is needed; it mirrors the shipped ``prometheus.yml``.
@@ -22,13 +24,15 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import TextIO
 
-from rapid.monitoring.metrics import collect_targets, write_file_sd
+from rapid.monitoring.targets import collect_targets, write_file_sd
 
 HERE = Path(__file__).resolve().parent
 DASHBOARD_PATH = HERE / "grafana-dashboard.json"
@@ -204,3 +208,37 @@ def check_dashboard_queries(prom_url: str, dashboard_path: str | os.PathLike = D
         if not missing or time.monotonic() >= deadline:
             return missing
         time.sleep(1.0)
+
+
+def run_monitor(run_dir: str | os.PathLike, port: int = 9090, scrape_interval: str = "1s", run: str | None = None,
+                refresh_s: float = 2.0, stream: TextIO = sys.stdout) -> int:
+    """Start Prometheus for a run, say where to look, keep the target list fresh until Ctrl-C; returns an exit code.
+
+    Processes that start later (or restart on a new port) are picked up by re-writing targets.json every
+    ``refresh_s``; Prometheus' file_sd notices the change by itself.
+    """
+    run_dir = Path(run_dir)
+    proc = start_prometheus(run_dir, port, scrape_interval, run)
+    try:
+        try:
+            proc.wait_ready()
+        except RuntimeError as exc:
+            stream.write(f"error: {exc}\n")
+            return 1
+        stream.write(
+            f"Prometheus: {proc.url} (scraping {len(collect_targets(run_dir))} processes of {run_dir}; "
+            f"targets {run_dir / 'metrics' / 'targets.json'})\n"
+            f"Alerts:     {proc.url}/alerts\n"
+            f"Grafana:    Dashboards > New > Import > upload {DASHBOARD_PATH}, pick a Prometheus data source "
+            f"pointing at {proc.url}, choose run '{run or run_dir.name}'\n"
+            f"Ctrl-C to stop.\n")
+        stream.flush()
+        while proc.poll() is None:
+            time.sleep(refresh_s)
+            refresh_targets(run_dir, run)
+        stream.write(f"prometheus exited with code {proc.returncode}; log: {proc.config_path.parent / 'prometheus.log'}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        proc.stop()

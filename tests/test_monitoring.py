@@ -6,7 +6,9 @@ import ast
 import json
 import re
 import shutil
+import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -237,6 +239,27 @@ def test_start_prometheus_for_a_run_dir(tmp_path):
         proc.stop()
         roles["optimizer"].close()
     run_promtool("check", "config", str(proc.config_path))
+
+
+def test_run_monitor_starts_prometheus_and_stops_on_ctrl_c(tmp_path):
+    M.register_process(tmp_path, "rollout", 0, prom.free_port())
+    code = ("import sys; from rapid.monitoring.prom import run_monitor; "
+            f"sys.exit(run_monitor({str(tmp_path)!r}, port={prom.free_port()}, refresh_s=0.2))")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        lines = [proc.stdout.readline() for _ in range(4)]
+        assert lines[0].startswith("Prometheus: http://127.0.0.1:") and "1 processes" in lines[0], lines
+        assert "grafana-dashboard.json" in lines[2]
+        url = lines[0].split()[1]
+        assert prom.query(url, "vector(1)")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with pytest.raises(OSError):  # its prometheus went away with it
+        prom.query(url, "vector(1)", timeout=2)
 
 
 # --- static report ----------------------------------------------------------------------------------------------

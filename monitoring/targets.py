@@ -1,0 +1,74 @@
+"""File-based discovery of a run's metrics exporters, and Prometheus file_sd target lists (SPEC §9).
+
+Usage::
+
+    register_process(run_dir, "optimizer", rank, port)       # each process, once its exporter listens
+    targets = collect_targets(run_dir)                        # [{"role","rank","host","port","pid"}, ...]
+    write_file_sd(targets, run_dir / "metrics" / "targets.json", run="demo")   # what Prometheus reads
+
+Each process owns ``<run_dir>/metrics/<role>-<rank>.json``; a restarted process overwrites its own entry, and a
+dead one stays listed on purpose, so Prometheus reports it as ``up == 0`` (the rank-down alert).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Iterable, Mapping
+
+log = logging.getLogger(__name__)
+
+_ROLE = re.compile(r"^[a-z][a-z0-9_]*$")
+_TARGET_FILE = re.compile(r"^([a-z][a-z0-9_]*)-(\d+)\.json$")
+
+
+def _write_json_atomic(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1)
+        os.replace(tmp, path)  # Prometheus' file watcher must never see a half-written list
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def register_process(run_dir: str | os.PathLike, role: str, rank: int, port: int, host: str = "127.0.0.1") -> Path:
+    """Write ``<run_dir>/metrics/<role>-<rank>.json`` so collect_targets() finds this process' exporter."""
+    if not _ROLE.match(role):
+        raise ValueError(f"role must be lower-case letters, digits and '_', got {role!r}")
+    path = Path(run_dir) / "metrics" / f"{role}-{int(rank)}.json"
+    _write_json_atomic(path, {"role": role, "rank": int(rank), "host": host, "port": int(port), "pid": os.getpid()})
+    return path
+
+
+def collect_targets(run_dir: str | os.PathLike) -> list[dict]:
+    """All registered processes of a run, sorted by role then rank. Unreadable entries are logged and skipped."""
+    folder = Path(run_dir) / "metrics"
+    targets = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+        if not _TARGET_FILE.match(path.name):
+            continue  # targets.json and other files that share the folder
+        try:
+            entry = json.loads(path.read_text())
+            targets.append({"role": str(entry["role"]), "rank": int(entry["rank"]), "host": str(entry["host"]),
+                            "port": int(entry["port"]), "pid": int(entry.get("pid", 0))})
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("skipping metrics target %s: %s", path, exc)
+    return sorted(targets, key=lambda t: (t["role"], t["rank"]))
+
+
+def write_file_sd(targets: Iterable[Mapping], path: str | os.PathLike, run: str) -> Path:
+    """Write a Prometheus file_sd JSON list: one group per process, labelled role/rank/run (atomic replace)."""
+    groups = [{"targets": [f"{t['host']}:{int(t['port'])}"],
+               "labels": {"role": str(t["role"]), "rank": str(int(t["rank"])), "run": str(run)}}
+              for t in targets]
+    path = Path(path)
+    _write_json_atomic(path, groups)
+    return path
+
