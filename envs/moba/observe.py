@@ -1,0 +1,197 @@
+"""Observations, target slots and action masks of every hero of B games.
+
+A hero sees the game in its own frame: side 1's x axis is flipped, so both sides "attack to the right" and
+one policy can play either. Every feature is scaled to roughly [-1, 1].
+
+Target slots (the third action head), in this order: enemy heroes (by index), the nearest ``k_creeps``
+visible enemy creeps, the enemy structures (per lane outer, inner tower, then the ancient), allied heroes
+(self included, by index), the nearest ``k_creeps`` allied creeps. The observation describes the same slots
+in the same order, so a slot's features and its target are the same unit.
+
+Fog of war: enemy heroes and creeps are present in a hero's view only while some unit of its side sees
+them (within that unit's sight radius). Structures are always known.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rapid.envs.moba.config import ATTACK, HEAL, MOVE, NOOP, NUKE, NUM_DIRS, NUM_TYPES, STUN, MobaConfig
+from rapid.envs.moba.state import Layout, State
+
+SELF_FEATURES = 15
+SLOT_FEATURES = 6
+HERO_EXTRA = 3
+TIME_FEATURES = 2
+
+
+def layout_dims(cfg: MobaConfig, lay: Layout) -> tuple[int, tuple[int, int, int]]:
+    """(obs_dim, action_heads) of a config."""
+    T = 2 * lay.n + 2 * cfg.k_creeps + lay.S_side
+    obs_dim = SELF_FEATURES + T * SLOT_FEATURES + 2 * lay.n * HERO_EXTRA + TIME_FEATURES
+    return obs_dim, (NUM_TYPES, NUM_DIRS, T)
+
+
+class Observer:
+    """Computes distances, visibility, target tables, masks and observation vectors after each tick."""
+
+    def __init__(self, cfg: MobaConfig, lay: Layout, num_games: int):
+        self.cfg, self.lay, self.B = cfg, lay, num_games
+        n, K, H = lay.n, cfg.k_creeps, lay.H
+        self.obs_dim, self.heads = layout_dims(cfg, lay)
+        T = self.heads[2]
+        self.T = T
+        cat = np.array([0] * n + [1] * K + [2] * lay.S_side + [3] * n + [4] * K)
+        self.eh, self.ec, self.es, self.ah, self.ac = (cat == c for c in range(5))
+        self.enemy_slot = self.eh | self.ec | self.es
+        self.slot_scale = np.where(self.es, cfg.map_length / 2, cfg.hero_sight).astype(np.float32)
+        self.hh = np.arange(H)[:, None]
+        self.row_u = (np.arange(num_games) * lay.U)[:, None, None]
+        self.row_d = (np.arange(num_games) * lay.U * lay.U)[:, None, None]
+        # Static part of the target table (heroes and structures); creep slots are filled every tick.
+        self.static_units = np.zeros((H, T), np.int64)
+        self.static_units[:, self.eh] = lay.enemy_heroes
+        self.static_units[:, self.es] = lay.enemy_structs
+        self.static_units[:, self.ah] = lay.ally_heroes
+        self.is_self = (self.static_units == np.arange(H)[:, None]) & self.ah
+        self.ranges2 = {ATTACK: cfg.hero_range ** 2, NUKE: cfg.nuke_range ** 2, STUN: cfg.stun_range ** 2,
+                        HEAL: cfg.heal_range ** 2}
+        self.type_slots = {ATTACK: self.enemy_slot | self.ac, NUKE: self.eh | self.ec, STUN: self.eh, HEAL: self.ah}
+        self.ability_cost = {NUKE: (0, cfg.nuke_mana), STUN: (1, cfg.stun_mana), HEAL: (2, cfg.heal_mana)}
+        self.row_h = (np.arange(H) * lay.U)[None, :, None]
+        self.row_k = (np.arange(num_games * H) * lay.C_side).reshape(num_games, H, 1)
+        self.row_hk = (np.arange(H) * lay.C_side)[None, :, None]
+        self.hero_units = np.concatenate([lay.enemy_heroes, lay.ally_heroes], axis=1)
+        self.eh_ah = np.concatenate([np.flatnonzero(self.eh), np.flatnonzero(self.ah)])
+        self.ability_cooldowns = np.array([cfg.nuke_cooldown, cfg.stun_cooldown, cfg.heal_cooldown], np.float32)
+        self.slot_xscale = (lay.side_sign[:, None] / self.slot_scale).astype(np.float32)
+        self.slot_yscale = (1.0 / self.slot_scale).astype(np.float32)
+        self._tmp = np.zeros((num_games, lay.U, lay.U), np.float32)
+        self._sees = np.zeros((num_games, lay.U, lay.U), bool)
+        self.mask = np.zeros((num_games, H, sum(self.heads)), bool)
+        self.mask[:, :, NOOP] = True
+        self.mask[:, :, NUM_TYPES] = True
+        # Filled by observe():
+        self.d2 = np.zeros((num_games, lay.U, lay.U), np.float32)
+        self.vulnerable = np.zeros((num_games, lay.U), bool)
+        self.tgt_units = np.zeros((num_games, H, T), np.int64)
+        self.type_mask = np.zeros((num_games, H, NUM_TYPES), bool)
+        self.type_mask[:, :, NOOP] = True
+        self.target_valid = np.zeros((num_games, H, NUM_TYPES, T), bool)
+        """Per action type, which target slots it may use (all False for noop and move)."""
+
+    def _nearest_creeps(self, d_creeps: np.ndarray, units: np.ndarray, present: np.ndarray) -> tuple:
+        """The K nearest present creeps of ``units [H, C]`` for each hero: (unit ids, present) [B, H, K]."""
+        key = np.where(present, d_creeps, np.float32(np.inf))
+        order = np.argsort(key, axis=2, kind="stable")[:, :, : self.cfg.k_creeps]
+        return np.take(units, order + self.row_hk), np.take(present, order + self.row_k)
+
+    def observe(self, st: State) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(obs [B, H, obs_dim], action_mask [B, H, sum(heads)], active [B, H]) for the current state."""
+        cfg, lay, H, B, T = self.cfg, self.lay, self.lay.H, self.B, self.T
+        x, y = st.x, st.y
+        d2, tmp = self.d2, self._tmp
+        np.subtract(x[:, :, None], x[:, None, :], out=tmp)
+        np.multiply(tmp, tmp, out=d2)
+        np.subtract(y[:, :, None], y[:, None, :], out=tmp)
+        np.multiply(tmp, tmp, out=tmp)
+        d2 += tmp
+        sees = np.less(d2, lay.sight2[:, None], out=self._sees)
+        sees &= lay.enemy_pair
+        sees &= st.alive[:, :, None]
+        visible = sees.any(axis=1)
+        visible |= lay.is_struct
+        visible &= st.alive
+        vul = st.vulnerable()
+        self.vulnerable = vul
+        dh = d2[:, :H, :]
+
+        dhc = dh[:, self.hh, lay.enemy_creeps]
+        ec_ids, ec_present = self._nearest_creeps(dhc, lay.enemy_creeps, visible[:, lay.enemy_creeps])
+        dhc = dh[:, self.hh, lay.ally_creeps]
+        ac_ids, ac_present = self._nearest_creeps(dhc, lay.ally_creeps, st.alive[:, lay.ally_creeps])
+        tgt = self.tgt_units
+        tgt[:] = self.static_units
+        tgt[:, :, self.ec] = ec_ids
+        tgt[:, :, self.ac] = ac_ids
+        flat = tgt + self.row_u
+        present = np.take(visible, flat)
+        present[:, :, self.ec] = ec_present
+        present[:, :, self.ac] = ac_present
+        present[:, :, self.ah] = np.take(st.alive, flat[:, :, self.ah])
+        dist2 = np.take(d2, tgt + self.row_d + self.row_h)
+        hp = np.take(st.hp, flat)
+        hpf = hp / np.take(st.max_hp, flat)
+        tvul = np.take(vul, flat)
+
+        # Masks.
+        can_act = st.alive[:, :H] & (st.stun <= 0)
+        tv = self.target_valid
+        for t in (ATTACK, NUKE, STUN, HEAL):
+            np.less_equal(dist2, self.ranges2[t], out=tv[:, :, t])
+            tv[:, :, t] &= present
+            tv[:, :, t] &= self.type_slots[t]
+        deniable = hpf < cfg.deny_fraction
+        tv[:, :, ATTACK] &= np.where(self.ac, deniable, tvul)
+        tm = self.type_mask
+        tm[:, :, MOVE] = can_act
+        tm[:, :, ATTACK] = can_act & (st.atk_cd[:, :H] <= 0) & tv[:, :, ATTACK].any(axis=2)
+        for t, (k, cost) in self.ability_cost.items():
+            tm[:, :, t] = can_act & (st.ability_cd[:, :, k] <= 0) & (st.mana >= cost) & tv[:, :, t].any(axis=2)
+        mask = self.mask
+        target_mask = mask[:, :, NUM_TYPES + NUM_DIRS:]
+        target_mask[:] = False
+        for t in (ATTACK, NUKE, STUN, HEAL):
+            target_mask |= tv[:, :, t] & tm[:, :, t, None]
+        target_mask[:, :, 0] |= ~target_mask.any(axis=2)
+        mask[:, :, :NUM_TYPES] = tm
+        mask[:, :, NUM_TYPES + 1:NUM_TYPES + NUM_DIRS] = can_act[:, :, None]
+
+        # Observation.
+        obs = np.empty((B, H, self.obs_dim), np.float32)
+        half = cfg.map_length / 2
+        o = obs[:, :, :SELF_FEATURES]
+        o[..., 0] = st.alive[:, :H]
+        o[..., 1] = st.hp[:, :H] / st.max_hp[:, :H]
+        o[..., 2] = st.max_hp[:, :H] / 1000.0
+        o[..., 3] = st.mana / st.max_mana
+        o[..., 4] = st.level / cfg.max_level
+        o[..., 5] = st.gold / (st.gold + 1000.0)
+        o[..., 6] = (x[:, :H] - half) / half * lay.side_sign
+        o[..., 7] = y[:, :H] / half
+        o[..., 8] = st.atk_cd[:, :H] / cfg.hero_cooldown
+        o[..., 9:12] = st.ability_cd / self.ability_cooldowns
+        o[..., 12] = st.stun / cfg.stun_seconds
+        o[..., 13] = st.respawn / 30.0
+        o[..., 14] = st.damage[:, :H] / 100.0
+        # Slot features, feature-major (all slots' feature 0, then all slots' feature 1…): contiguous writes.
+        base = SELF_FEATURES
+        f = [obs[:, :, base + k * T:base + (k + 1) * T] for k in range(SLOT_FEATURES)]
+        pres = present.astype(np.float32)
+        f[0][:] = pres
+        np.multiply(hpf, pres, out=f[1])
+        rel = np.take(x, flat) - x[:, :H, None]
+        rel *= self.slot_xscale
+        np.clip(rel, -1.5, 1.5, out=rel)
+        np.multiply(rel, pres, out=f[2])
+        rel = np.take(y, flat) - y[:, :H, None]
+        rel *= self.slot_yscale
+        np.clip(rel, -1.5, 1.5, out=rel)
+        np.multiply(rel, pres, out=f[3])
+        f[4][:] = tv[:, :, ATTACK]
+        extra = np.where(self.ec, hp <= st.damage[:, :H, None], np.where(self.ac, deniable, tvul))
+        np.logical_and(extra, present, out=extra)
+        f[5][:] = extra
+        # Level, stun and mana of the hero slots (enemies, then allies), zero when not visible.
+        base += T * SLOT_FEATURES
+        hv = pres[:, :, self.eh_ah]
+        m = 2 * lay.n
+        hero_units = self.hero_units
+        np.multiply(st.level[:, hero_units] / cfg.max_level, hv, out=obs[:, :, base:base + m])
+        np.multiply(st.stun[:, hero_units] / cfg.stun_seconds, hv, out=obs[:, :, base + m:base + 2 * m])
+        np.multiply(st.mana[:, hero_units] / st.max_mana[:, hero_units], hv, out=obs[:, :, base + 2 * m:base + 3 * m])
+        t = st.step_count[:, None].astype(np.float32)
+        period = cfg.wave_period / cfg.seconds_per_step
+        obs[:, :, -2] = t / cfg.max_steps
+        obs[:, :, -1] = 1.0 - (t % period) / period
+        return obs, mask.copy(), can_act

@@ -1,0 +1,255 @@
+"""One game tick for B games at once: hero actions, creep and tower AI, deaths, gold/XP, respawns, waves.
+
+Order inside a tick (all games in lockstep, no loop over games or units):
+
+1. heroes' attacks and abilities land (validated against the masks the heroes saw), so a hero's blow that
+   takes a unit to 0 HP is a last hit (or a deny on an allied creep);
+2. creeps and structures pick targets by distance (creeps prefer creeps and structures to heroes; towers
+   prefer creeps, but switch to an enemy hero that hit an allied hero under the tower) and strike;
+3. heroes and creeps move; the dead drop out, gold and XP are shared, timers run, waves spawn.
+
+Distances come from the observation of the previous tick (``d2``), so the targets a hero was allowed to
+pick are exactly the ones in range when its action lands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rapid.envs.moba.config import ATTACK, HEAL, MOVE, NUKE, NUM_DIRS, STUN, MobaConfig
+from rapid.envs.moba.state import Layout, State
+
+_ANGLES = np.arange(NUM_DIRS) * (2 * np.pi / NUM_DIRS)
+DIRS = np.stack([np.cos(_ANGLES), np.sin(_ANGLES)], axis=1).astype(np.float32)
+"""Unit vector of each move direction in the hero's own (mirrored) frame: 0 = towards the enemy base."""
+
+
+@dataclass
+class Events:
+    """What each hero gained this tick ([B, H] arrays), and structures destroyed by each side ([B, 2])."""
+
+    gold: np.ndarray
+    xp: np.ndarray
+    kills: np.ndarray
+    deaths: np.ndarray
+    last_hits: np.ndarray
+    denies: np.ndarray
+    tower_damage: np.ndarray
+    """Damage dealt to enemy structures, in units of the structure's max HP."""
+    structures_destroyed: np.ndarray
+
+
+def _scatter_add(index: np.ndarray, weights: np.ndarray, size: int) -> np.ndarray:
+    """Sum ``weights`` into ``size`` flat bins (np.bincount: much faster than np.add.at)."""
+    return np.bincount(index.ravel(), weights.ravel(), minlength=size)[:size].astype(np.float32)
+
+
+class Rules:
+    """The game's mechanics, bound to one layout and config."""
+
+    def __init__(self, cfg: MobaConfig, layout: Layout, num_games: int):
+        self.cfg, self.lay, self.B = cfg, layout, num_games
+        lay = layout
+        self.row_u = (np.arange(num_games) * lay.U)[:, None]
+        self.row_h = (np.arange(num_games) * lay.H)[:, None]
+        # Flat offsets of the rows (game, creep) and (game, structure) of the [B, U, U] distance matrix.
+        game = np.arange(num_games)[:, None] * lay.U * lay.U
+        self.row_c = game + lay.creeps[None, :] * lay.U
+        self.row_s = (game + lay.structs[None, :] * lay.U)[:, :, None]
+        self.hero_penalty = np.where(lay.is_hero, 60.0, 0.0).astype(np.float32)
+        self.creep_lane_y = layout.creep_lane_y.astype(np.float32)
+        """Added to squared distance: creeps prefer anything over a hero."""
+        self.tower_penalty = np.where(lay.is_hero, 1e4, 0.0).astype(np.float32)
+        self.creep_dir = np.where(lay.team[lay.creeps] == 0, 10.0, -10.0).astype(np.float32)
+        self.y_limit = float(cfg.lane_y().max() + 8.0)
+        nw = cfg.creep_slots // cfg.wave_size
+        spread = (np.arange(cfg.wave_size) - (cfg.wave_size - 1) / 2) * 1.5
+        # Unit index of every creep of wave slot w: [waves, 2 * lanes * wave_size].
+        base = lay.H + lay.S
+        self.wave_units = np.array([[base + s * lay.C_side + l_ * cfg.creep_slots + w * cfg.wave_size + k
+                                     for s in range(2) for l_ in range(lay.lanes) for k in range(cfg.wave_size)]
+                                    for w in range(nw)], dtype=np.int64)
+        sides = np.repeat(np.arange(2), lay.lanes * cfg.wave_size)
+        self.wave_x = np.where(sides == 0, cfg.ancient_x + 4.0, cfg.map_length - cfg.ancient_x - 4.0)
+        self.wave_y = np.tile(np.repeat(cfg.lane_y(), cfg.wave_size) + np.tile(spread, lay.lanes), 2)
+        self.period_steps = max(1, int(round(cfg.wave_period / cfg.seconds_per_step)))
+
+    # ------------------------------------------------------------------ phase 1: heroes act
+    def heroes_act(self, st: State, etype: np.ndarray, tgt: np.ndarray, jitter: np.ndarray) -> tuple:
+        """Apply validated hero actions (``etype`` already NOOP where invalid; ``tgt`` unit index [B, H])."""
+        cfg, lay, H, U = self.cfg, self.lay, self.lay.H, self.lay.U
+        attack, nuke, stun, heal = etype == ATTACK, etype == NUKE, etype == STUN, etype == HEAL
+        lvl = st.level.astype(np.float32)
+        dmg = np.where(attack, st.damage[:, :H] * jitter[:, :H], 0.0)
+        dmg += np.where(nuke, cfg.nuke_damage + cfg.nuke_damage_per_level * (lvl - 1), 0.0)
+        dmg += np.where(stun, cfg.stun_damage, 0.0)
+        hits = dmg > 0
+        flat_t = tgt + self.row_u
+        st.atk_cd[:, :H][attack] = cfg.hero_cooldown
+        st.mana -= np.where(nuke, cfg.nuke_mana, 0.0) + np.where(stun, cfg.stun_mana, 0.0) \
+            + np.where(heal, cfg.heal_mana, 0.0)
+        st.ability_cd[:, :, 0][nuke] = cfg.nuke_cooldown
+        st.ability_cd[:, :, 1][stun] = cfg.stun_cooldown
+        st.ability_cd[:, :, 2][heal] = cfg.heal_cooldown
+        # Stun and heal only ever target heroes (the masks see to that), so tgt < H there.
+        st.stun.ravel()[(tgt + self.row_h)[stun]] = cfg.stun_seconds
+        healed = _scatter_add(flat_t[heal], np.full(int(heal.sum()), cfg.heal_amount), self.B * U)
+        st.hp += healed.reshape(self.B, U)
+        np.minimum(st.hp, st.max_hp, out=st.hp)
+        hit_hero = hits & (tgt < H)
+        st.aggro[hit_hero] = 2.0
+        st.victim[hit_hero] = tgt[hit_hero]
+        taken = _scatter_add(flat_t[hits], dmg[hits], self.B * U).reshape(self.B, U)
+        is_struct_t = lay.is_struct[tgt]
+        tower_damage = np.where(hits & is_struct_t, dmg / np.take(st.max_hp, flat_t), 0.0).astype(np.float32)
+        killer = np.full(self.B * U, -1, np.int64)
+        hb, hh = np.nonzero(hits)
+        killer[flat_t[hb, hh]] = hh  # several heroes on one unit: one of them, deterministically
+        st.hp -= taken
+        died = st.alive & (st.hp <= 0)
+        return died, killer.reshape(self.B, U), tower_damage
+
+    # ------------------------------------------------------------------ phase 2: creeps and structures act
+    def units_act(self, st: State, d2: np.ndarray, vulnerable: np.ndarray, jitter: np.ndarray) -> np.ndarray:
+        """Creeps and structures strike their chosen targets; creeps walk. Returns who died this phase."""
+        cfg, lay = self.cfg, self.lay
+        cs, ss, H = lay.cs, lay.ss, lay.H
+        dt = cfg.seconds_per_step
+        living = st.alive & (st.hp > 0)
+        targetable = living & vulnerable
+        # Creeps: nearest enemy within aggro range, heroes last.
+        dc = d2[:, cs, :]
+        valid = np.less(dc, cfg.creep_aggro ** 2)
+        valid &= lay.enemy_pair[cs]
+        valid &= targetable[:, None, :]
+        score = np.add(dc, self.hero_penalty)
+        score[~valid] = np.inf
+        ctgt = score.argmin(axis=2)
+        chas = valid.any(axis=2) & living[:, cs]
+        cdist2 = np.take(d2, ctgt + self.row_c)
+        in_range = chas & (cdist2 <= cfg.creep_range ** 2)
+        cstrike = in_range & (st.atk_cd[:, cs] <= 0)
+        # Structures: creeps first, heroes next, a hero that hit an allied hero under the tower first of all.
+        ds = d2[:, ss, :]
+        svalid = np.less_equal(ds, cfg.tower_range ** 2)
+        svalid &= lay.enemy_pair[ss]
+        svalid &= targetable[:, None, :]
+        victim_d2 = np.take(d2, st.victim[:, None, :] + self.row_s)
+        punish = (st.aggro > 0)[:, None, :] & (victim_d2 <= cfg.tower_range ** 2)
+        sscore = ds + self.tower_penalty
+        sscore[:, :, :H] -= np.where(punish, np.float32(2e4), np.float32(0.0))
+        sscore[~svalid] = np.inf
+        stgt = sscore.argmin(axis=2)
+        sstrike = svalid.any(axis=2) & living[:, ss] & (st.atk_cd[:, ss] <= 0)
+        # Damage from both in one scatter.
+        taken = _scatter_add((ctgt + self.row_u)[cstrike], (st.damage[:, cs] * jitter[:, cs])[cstrike], self.B * lay.U)
+        taken += _scatter_add((stgt + self.row_u)[sstrike], (st.damage[:, ss] * jitter[:, ss])[sstrike], self.B * lay.U)
+        st.atk_cd[:, cs][cstrike] = cfg.creep_cooldown
+        st.atk_cd[:, ss][sstrike] = cfg.tower_cooldown
+        st.hp -= taken.reshape(self.B, lay.U)
+        # Creeps move: towards a target out of reach, else down their lane (drifting back onto it).
+        cx, cy = st.x[:, cs], st.y[:, cs]
+        tx = np.take(st.x, ctgt + self.row_u)
+        ty = np.take(st.y, ctgt + self.row_u)
+        chase = chas & ~in_range
+        vx = np.where(chase, tx - cx, self.creep_dir)
+        vy = np.where(chase, ty - cy, self.creep_lane_y - cy)
+        norm = np.sqrt(vx * vx + vy * vy) + 1e-6
+        step = np.minimum(cfg.creep_speed * dt, norm) / norm
+        walking = living[:, cs] & ~in_range
+        step *= walking
+        cx += vx * step
+        cy += vy * step
+        return st.alive & (st.hp <= 0)
+
+    # ------------------------------------------------------------------ phase 3: movement, deaths, timers
+    def move_heroes(self, st: State, etype: np.ndarray, dirs: np.ndarray) -> None:
+        lay, cfg = self.lay, self.cfg
+        moving = etype == MOVE
+        speed = cfg.hero_speed * cfg.seconds_per_step
+        d = DIRS[dirs]
+        st.x[:, :lay.H] += np.where(moving, d[..., 0] * lay.side_sign * speed, 0.0)
+        st.y[:, :lay.H] += np.where(moving, d[..., 1] * speed, 0.0)
+        np.clip(st.x[:, :lay.H], 0.0, cfg.map_length, out=st.x[:, :lay.H])
+        np.clip(st.y[:, :lay.H], -self.y_limit, self.y_limit, out=st.y[:, :lay.H])
+
+    def settle_deaths(self, st: State, died: np.ndarray, by_hero: np.ndarray, killer: np.ndarray,
+                      d2: np.ndarray) -> Events:
+        """Remove the dead; pay last hits, denies, kills, XP and structure bounties."""
+        cfg, lay, B, H = self.cfg, self.lay, self.B, self.lay.H
+        credited = by_hero & (killer >= 0)
+        kteam = lay.team[np.maximum(killer, 0)]
+        enemy_kill = credited & (kteam != lay.team)
+        deny = credited & (kteam == lay.team) & lay.is_creep
+        flat_k = killer + self.row_h
+        lh = enemy_kill & lay.is_creep
+        hk = enemy_kill & lay.is_hero
+        size = B * H
+
+        def per_killer(sel: np.ndarray, w: float) -> np.ndarray:
+            return _scatter_add(flat_k[sel], np.full(int(sel.sum()), w), size).reshape(B, H)
+
+        last_hits, denies, kills = per_killer(lh, 1.0), per_killer(deny, 1.0), per_killer(hk, 1.0)
+        gold = last_hits * cfg.creep_gold + kills * cfg.kill_gold
+        # XP to heroes near an enemy creep or hero that died (not for denied creeps).
+        xp_src = died & ~deny & (lay.is_creep | lay.is_hero)
+        near = (d2[:, :H, :] <= cfg.xp_radius ** 2) & lay.enemy_pair[:H][None] & xp_src[:, None, :]
+        near &= st.alive[:, :H, None]
+        worth = np.where(lay.is_hero, cfg.kill_xp, cfg.creep_xp).astype(np.float32)
+        xp = (near * worth).sum(axis=2, dtype=np.float32)
+        # Structures: bounty to every hero of the side that destroyed it.
+        sdead = died[:, lay.structs].reshape(B, 2, lay.S_side).sum(axis=2).astype(np.float32)
+        destroyed = sdead[:, ::-1].copy()
+        gold += destroyed[:, lay.hero_side] * cfg.tower_gold
+        deaths = died[:, :H].astype(np.float32)
+        st.respawn[:, :H] = np.where(died[:, :H], cfg.respawn_base + cfg.respawn_per_level * st.level, st.respawn)
+        st.alive &= ~died
+        st.hp[died] = 0.0
+        st.gold += gold
+        st.xp += xp
+        return Events(gold, xp, kills, deaths, last_hits, denies, np.zeros((B, H), np.float32), destroyed)
+
+    def tick_timers(self, st: State) -> None:
+        """Regeneration, fountain, cooldowns, respawns, levels."""
+        cfg, lay, H = self.cfg, self.lay, self.lay.H
+        dt = cfg.seconds_per_step
+        alive = st.alive[:, :H]
+        at_home = np.abs(st.x[:, :H] - np.where(lay.hero_side == 0, 0.0, cfg.map_length)) <= cfg.ancient_x
+        boost = np.where(at_home, cfg.fountain_heal * dt, 0.0)
+        st.hp[:, :H] += np.where(alive, cfg.hero_hp_regen * dt + boost * st.max_hp[:, :H], 0.0)
+        st.mana += np.where(alive, cfg.hero_mana_regen * dt + boost * st.max_mana, 0.0)
+        for arr in (st.atk_cd, st.ability_cd, st.stun, st.aggro, st.respawn):
+            arr -= dt
+            np.maximum(arr, 0.0, out=arr)
+        back = ~alive & (st.respawn <= 0)
+        st.alive[:, :H] |= back
+        st.x[:, :H] = np.where(back, np.where(lay.hero_side == 0, cfg.fountain_x, cfg.map_length - cfg.fountain_x),
+                               st.x[:, :H])
+        st.y[:, :H] = np.where(back, 0.0, st.y[:, :H])
+        level = np.minimum(cfg.max_level, np.floor((1 + np.sqrt(1 + 8 * st.xp / cfg.xp_per_level)) / 2)).astype(np.int64)
+        lv = (level - 1).astype(np.float32)
+        new_max = cfg.hero_hp + cfg.hero_hp_per_level * lv
+        st.hp[:, :H] += np.where(alive, new_max - st.max_hp[:, :H], 0.0)
+        st.max_hp[:, :H] = new_max
+        st.max_mana[:] = cfg.hero_mana + cfg.hero_mana_per_level * lv
+        st.level[:] = level
+        st.damage[:, :H] = cfg.hero_damage + cfg.hero_damage_per_level * lv + cfg.hero_damage_per_gold * st.gold
+        st.hp[:, :H] = np.where(back, st.max_hp[:, :H], np.minimum(st.hp[:, :H], st.max_hp[:, :H]))
+        st.mana[:] = np.where(back, st.max_mana, np.minimum(st.mana, st.max_mana))
+
+    def spawn_waves(self, st: State) -> None:
+        """Every ``wave_period`` seconds each side sends ``wave_size`` creeps down every lane."""
+        due = np.flatnonzero(st.step_count % self.period_steps == 0)
+        if due.size == 0:
+            return
+        units = self.wave_units[st.waves[due] % len(self.wave_units)]
+        rows = due[:, None]
+        st.alive[rows, units] = True
+        st.hp[rows, units] = self.cfg.creep_hp
+        st.max_hp[rows, units] = self.cfg.creep_hp
+        st.x[rows, units] = self.wave_x
+        st.y[rows, units] = self.wave_y
+        st.atk_cd[rows, units] = 0.0
+        st.waves[due] += 1
