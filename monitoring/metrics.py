@@ -48,14 +48,14 @@ STALENESS_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
 UPDATE_PHASES = ("load", "forward", "backward", "allreduce", "step", "publish")
 # update(stats) key -> gauge name; keys missing from a stats dict leave the gauge at its last value.
 UPDATE_STATS = {
-    "policy_loss": "rapid_policy_loss",
-    "value_loss": "rapid_value_loss",
-    "entropy": "rapid_entropy",
-    "approx_kl": "rapid_approx_kl",
-    "clip_fraction": "rapid_clip_fraction",
-    "explained_variance": "rapid_explained_variance",
-    "grad_norm": "rapid_grad_norm",
-    "learning_rate": "rapid_learning_rate",
+    "policy_loss": ("rapid_policy_loss", "PPO clipped surrogate loss of the last update."),
+    "value_loss": ("rapid_value_loss", "Value loss of the last update."),
+    "entropy": ("rapid_entropy", "Policy entropy in the last update."),
+    "approx_kl": ("rapid_approx_kl", "Approximate KL between behaviour and updated policy."),
+    "clip_fraction": ("rapid_clip_fraction", "Share of probability ratios clipped in the last update."),
+    "explained_variance": ("rapid_explained_variance", "Explained variance of the value predictions."),
+    "grad_norm": ("rapid_grad_norm", "Global gradient norm of the last update."),
+    "learning_rate": ("rapid_learning_rate", "Learning rate of the last update."),
 }
 # Store operations the role helpers report under; store_op() accepts any other name too.
 OP_EXPERIENCE_PUT, OP_EXPERIENCE_GET, OP_PARAMS_GET = "experience_put", "experience_get", "params_get"
@@ -257,8 +257,7 @@ class OptimizerMetrics(RoleMetrics):
         self._nonfinite = self._counter(
             "rapid_nonfinite_updates_skipped_total", "Updates skipped because loss or gradients were NaN/inf.")
         self._bad = self._counter("rapid_bad_objects_total", "Experience objects rejected.", ("reason",))
-        self._stats = {key: self._gauge(name, f"Last update's {key.replace('_', ' ')}.")
-                       for key, name in UPDATE_STATS.items()}
+        self._stats = {key: self._gauge(name, doc) for key, (name, doc) in UPDATE_STATS.items()}
         self._phase = self._histogram(
             "rapid_update_phase_duration_seconds", "Time per update phase.", PHASE_BUCKETS, ("phase",))
         self._version = self._gauge("rapid_param_version", "Parameter version of the model being trained.")
