@@ -23,6 +23,7 @@ target labels (the same three) only add them to ``up``. Hot-path methods touch p
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from typing import Mapping
@@ -46,7 +47,7 @@ PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 # Staleness in parameter versions; OpenAI Five saw learning slow badly from 8 on, so resolve 0..8 finely.
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
 UPDATE_PHASES = ("load", "forward", "backward", "allreduce", "step", "publish")
-# update(stats) key -> gauge name; keys missing from a stats dict leave the gauge at its last value.
+# update(stats) key -> (gauge name, help); keys missing from a stats dict leave the gauge at its last value.
 UPDATE_STATS = {
     "policy_loss": ("rapid_policy_loss", "PPO clipped surrogate loss of the last update."),
     "value_loss": ("rapid_value_loss", "Value loss of the last update."),
@@ -171,10 +172,12 @@ class RoleMetrics:
 
     def serve(self, port: int = 0, addr: str = "127.0.0.1", run_dir: str | os.PathLike | None = None) -> int:
         """Serve /metrics; with ``run_dir`` also register this process as a scrape target. Returns the port."""
-        self._server, _ = _start_server(self.registry, port, addr)
+        self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
         bound = self._server.server_port
         if run_dir is not None:
-            register_process(run_dir, self.role, self.rank, bound, host=addr)
+            # A wildcard bind is reachable from other hosts under this host's name, not under 0.0.0.0.
+            host = socket.gethostname() if addr in ("", "0.0.0.0", "::") else addr
+            register_process(run_dir, self.role, self.rank, bound, host=host)
         return bound
 
     def close(self) -> None:
@@ -258,6 +261,7 @@ class OptimizerMetrics(RoleMetrics):
             "rapid_nonfinite_updates_skipped_total", "Updates skipped because loss or gradients were NaN/inf.")
         self._bad = self._counter("rapid_bad_objects_total", "Experience objects rejected.", ("reason",))
         self._stats = {key: self._gauge(name, doc) for key, (name, doc) in UPDATE_STATS.items()}
+        self._stats["lr"] = self._stats["learning_rate"]  # the optimizer's JSON log calls it "lr"
         self._phase = self._histogram(
             "rapid_update_phase_duration_seconds", "Time per update phase.", PHASE_BUCKETS, ("phase",))
         self._version = self._gauge("rapid_param_version", "Parameter version of the model being trained.")
@@ -293,7 +297,7 @@ class OptimizerMetrics(RoleMetrics):
         self._reuse.set(x)
 
     def update(self, stats: Mapping[str, float]) -> None:
-        """One applied update: counts it and sets the gauges for the keys of UPDATE_STATS present."""
+        """One applied update: counts it and sets the gauges of the UPDATE_STATS keys present ("lr" works too)."""
         self._updates.inc()
         for key, value in stats.items():
             gauge = self._stats.get(key)
@@ -365,11 +369,7 @@ def metric_names(registry: CollectorRegistry) -> list[str]:
     return sorted(names)
 
 
-def _start_server(registry: CollectorRegistry, port: int, addr: str):
-    return start_http_server(port, addr=addr, registry=registry)
-
-
 def start_exporter(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> int:
     """Serve ``registry`` on /metrics from a daemon thread; ``port=0`` picks a free port. Returns the bound port."""
-    server, _ = _start_server(registry, port, addr)
+    server, _ = start_http_server(port, addr=addr, registry=registry)
     return server.server_port
