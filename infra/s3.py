@@ -121,8 +121,11 @@ class S3Store(Store):
             # Path style works with every S3-compatible server (IP endpoints, MinIO without wildcard DNS).
             s3={"addressing_style": addressing_style},
         )
-        session = boto3.session.Session(profile_name=profile)
-        self._client = session.client("s3", endpoint_url=endpoint_url, config=config)
+        try:
+            session = boto3.session.Session(profile_name=profile)
+            self._client = session.client("s3", endpoint_url=endpoint_url, config=config)
+        except (botocore.exceptions.BotoCoreError, ValueError) as e:  # unknown profile, malformed endpoint
+            raise StoreError(_redact(f"cannot set up S3 client for {self.url}: {type(e).__name__}: {e}")) from e
         self._transfer = boto3.s3.transfer.TransferConfig(
             multipart_threshold=multipart_threshold,
             multipart_chunksize=multipart_chunksize,

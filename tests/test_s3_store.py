@@ -182,3 +182,10 @@ def test_unreachable_endpoint_fails_fast_without_credentials(monkeypatch):
         assert not isinstance(info.value, KeyNotFound)
         assert "\n" not in message and key_id not in message and secret not in message
         assert endpoint in message
+
+
+def test_bad_client_settings_are_store_errors(monkeypatch, tmp_path):
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))  # no profiles at all
+    for options in ({"profile": "no-such-profile"}, {"endpoint_url": "not a url"}):
+        with pytest.raises(StoreError):
+            S3Store("s3://bucket/run", **options)
