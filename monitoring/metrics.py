@@ -131,7 +131,9 @@ class RoleMetrics:
 
     # Definitions: every metric gets the base labels, plus `extra` label names bound later by the caller.
     def _counter(self, name: str, doc: str, extra: tuple[str, ...] = ()):
-        return self._bind(Counter(name.removesuffix("_total"), doc, BASE_LABELS + extra, registry=self.registry), extra)
+        # prometheus_client appends "_total" itself; names here are spelled as exposed, for grep-ability.
+        counter = Counter(name.removesuffix("_total"), doc, BASE_LABELS + extra, registry=self.registry)
+        return self._bind(counter, extra)
 
     def _gauge(self, name: str, doc: str, extra: tuple[str, ...] = ()):
         return self._bind(Gauge(name, doc, BASE_LABELS + extra, registry=self.registry), extra)

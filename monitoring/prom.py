@@ -233,10 +233,15 @@ def run_monitor(run_dir: str | os.PathLike, port: int = 9090, scrape_interval: s
             f"pointing at {proc.url}, choose run '{run or run_dir.name}'\n"
             f"Ctrl-C to stop.\n")
         stream.flush()
+        known = collect_targets(run_dir)
         while proc.poll() is None:
             time.sleep(refresh_s)
-            refresh_targets(run_dir, run)
-        stream.write(f"prometheus exited with code {proc.returncode}; log: {proc.config_path.parent / 'prometheus.log'}\n")
+            current = collect_targets(run_dir)
+            if current != known:  # rewrite only on change: every write makes Prometheus re-read the list
+                write_file_sd(current, run_dir / "metrics" / "targets.json", run or run_dir.name)
+                known = current
+        log = proc.config_path.parent / "prometheus.log"
+        stream.write(f"prometheus exited with code {proc.returncode}; log: {log}\n")
         return 1
     except KeyboardInterrupt:
         return 0
