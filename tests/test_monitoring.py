@@ -252,6 +252,11 @@ def test_run_monitor_starts_prometheus_and_stops_on_ctrl_c(tmp_path):
         assert "grafana-dashboard.json" in lines[2]
         url = lines[0].split()[1]
         assert prom.query(url, "vector(1)")
+        M.register_process(tmp_path, "optimizer", 0, 9999)  # a process that starts later joins the list
+        deadline = time.monotonic() + 10
+        while len(json.loads((tmp_path / "metrics" / "targets.json").read_text())) < 2:
+            assert time.monotonic() < deadline, "targets.json not refreshed"
+            time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
     finally:
