@@ -39,7 +39,6 @@ class MobaVecEnv(VecMultiAgentEnv):
         )
         self._seed = seed
         self.rng = np.random.default_rng(seed)
-        self._last: StepResult | None = None
 
     # ------------------------------------------------------------------ interface
     def reset(self, seed: int | None = None) -> StepResult:
@@ -100,17 +99,16 @@ class MobaVecEnv(VecMultiAgentEnv):
 
         return make_bot(self, name, seed)
 
-    @property
-    def last(self) -> StepResult | None:
-        """The most recent StepResult (bots and renderers read it)."""
-        return self._last
+    def observe_now(self) -> StepResult:
+        """Recompute observations and masks after the state arrays were edited by hand (tests, scenarios)."""
+        zeros = np.zeros(self.num_games, bool)
+        return self._result(np.zeros((self.num_games, self.layout.H), np.float32), zeros, zeros, [])
 
     # ------------------------------------------------------------------ helpers
     def _result(self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
                 episodes: list[EpisodeStats]) -> StepResult:
         obs, mask, active = self.observer.observe(self.state)
-        self._last = StepResult(obs, mask, rewards.astype(np.float32), terminated, truncated, active, episodes)
-        return self._last
+        return StepResult(obs, mask, rewards.astype(np.float32), terminated, truncated, active, episodes)
 
     def _rewards(self, ev: Events) -> np.ndarray:
         cfg, side = self.cfg, self.layout.hero_side
