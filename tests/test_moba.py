@@ -154,7 +154,7 @@ def test_masks_only_allow_targets_in_range() -> None:
         target_mask = step.action_mask[:, :, off[2]:]
         within = np.zeros_like(target_mask)
         for t, r in reach.items():
-            ok = ob.target_valid[:, :, t] & type_mask[:, :, t, None]
+            ok = ob.target_valid[t] & type_mask[:, :, t, None]
             assert (dist[ok] <= r + 1e-4).all(), f"type {t} allows a target out of range"
             within |= ok
         real = target_mask & type_mask[:, :, ATTACK:HEAL + 1].any(axis=2)[..., None]

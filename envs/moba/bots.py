@@ -89,7 +89,7 @@ class LaneBot(ScriptedBot):
 
         def choose(t: int, score: np.ndarray, allowed: np.ndarray) -> None:
             """Where ``allowed`` has a slot valid for action type t, take t at the best-scoring slot."""
-            valid = tv[:, :, t] & allowed & tm[:, :, t, None]
+            valid = tv[t] & allowed & tm[:, :, t, None]
             use = valid.any(axis=2)
             best = np.where(valid, score, -np.inf).argmax(axis=2)
             atype[use] = t
@@ -125,7 +125,7 @@ class LaneBot(ScriptedBot):
         atype[retreat] = np.where(at_home, NOOP, MOVE)[retreat]
         direction[retreat] = BACK
         heal_self = retreat & (hpf < 0.6) & tm[:, :, HEAL] & np.take_along_axis(
-            tv[:, :, HEAL], self.self_slot[None, :, None], axis=2)[..., 0]
+            tv[HEAL], self.self_slot[None, :, None], axis=2)[..., 0]
         atype[heal_self] = HEAL
         slot[heal_self] = np.broadcast_to(self.self_slot, slot.shape)[heal_self]
         atype[~st.alive[:, :H]] = NOOP

@@ -58,12 +58,12 @@ class MobaVecEnv(VecMultiAgentEnv):
         adir = np.clip(actions[..., 1], 0, ob.heads[1] - 1)
         aslot = np.clip(actions[..., 2], 0, ob.heads[2] - 1)
         # Validate against what the hero was allowed when it chose; anything else is a no-op.
-        ok = np.take_along_axis(ob.type_mask, atype[..., None], axis=2)[..., 0]
-        tv = np.take_along_axis(ob.target_valid, atype[..., None, None], axis=2)[:, :, 0]
-        slot_ok = np.take_along_axis(tv, aslot[..., None], axis=2)[..., 0]
+        row = np.arange(B * H).reshape(B, H)
+        ok = np.take(ob.type_mask, row * ob.heads[0] + atype)
+        slot_ok = np.take(ob.target_valid, (atype * (B * H) + row) * ob.heads[2] + aslot)
         ok &= (atype <= MOVE) | slot_ok
         etype = np.where(ok, atype, NOOP)
-        tgt = np.take_along_axis(ob.tgt_units, aslot[..., None], axis=2)[..., 0]
+        tgt = np.take(ob.tgt_units, row * ob.heads[2] + aslot)
         jitter = 1.0 + cfg.damage_jitter * (2.0 * self.rng.random((B, lay.U), dtype=np.float32) - 1.0)
 
         died_h, killer, tower_dmg = ru.heroes_act(st, etype, tgt, jitter)

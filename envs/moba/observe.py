@@ -77,8 +77,9 @@ class Observer:
         self.tgt_units = np.zeros((num_games, H, T), np.int64)
         self.type_mask = np.zeros((num_games, H, NUM_TYPES), bool)
         self.type_mask[:, :, NOOP] = True
-        self.target_valid = np.zeros((num_games, H, NUM_TYPES, T), bool)
-        """Per action type, which target slots it may use (all False for noop and move)."""
+        self.target_valid = np.zeros((NUM_TYPES, num_games, H, T), bool)
+        """Per action type (first axis: contiguous per type), which target slots it may use (none for noop
+        and move)."""
 
     def _nearest_creeps(self, d_creeps: np.ndarray, units: np.ndarray, present: np.ndarray) -> tuple:
         """The K nearest present creeps of ``units [H, C]`` for each hero: (unit ids, present) [B, H, K]."""
@@ -126,24 +127,28 @@ class Observer:
 
         # Masks.
         can_act = st.alive[:, :H] & (st.stun <= 0)
-        tv = self.target_valid
+        tv = self.target_valid  # rows of noop and move stay False
         for t in (ATTACK, NUKE, STUN, HEAL):
-            np.less_equal(dist2, self.ranges2[t], out=tv[:, :, t])
-            tv[:, :, t] &= present
-            tv[:, :, t] &= self.type_slots[t]
+            np.less_equal(dist2, self.ranges2[t], out=tv[t])
+            tv[t] &= present
+            tv[t] &= self.type_slots[t]
         deniable = hpf < cfg.deny_fraction
-        tv[:, :, ATTACK] &= np.where(self.ac, deniable, tvul)
+        tv[ATTACK] &= np.where(self.ac, deniable, tvul)
         tm = self.type_mask
         tm[:, :, MOVE] = can_act
-        tm[:, :, ATTACK] = can_act & (st.atk_cd[:, :H] <= 0) & tv[:, :, ATTACK].any(axis=2)
+        for t in (ATTACK, NUKE, STUN, HEAL):
+            tm[:, :, t] = tv[t].any(axis=2)
+        tm[:, :, ATTACK] &= st.atk_cd[:, :H] <= 0
         for t, (k, cost) in self.ability_cost.items():
-            tm[:, :, t] = can_act & (st.ability_cd[:, :, k] <= 0) & (st.mana >= cost) & tv[:, :, t].any(axis=2)
+            tm[:, :, t] &= (st.ability_cd[:, :, k] <= 0) & (st.mana >= cost)
+        tm[:, :, ATTACK:] &= can_act[:, :, None]
         mask = self.mask
         target_mask = mask[:, :, NUM_TYPES + NUM_DIRS:]
-        target_mask[:] = False
-        for t in (ATTACK, NUKE, STUN, HEAL):
-            target_mask |= tv[:, :, t] & tm[:, :, t, None]
-        target_mask[:, :, 0] |= ~target_mask.any(axis=2)
+        allowed = tv[ATTACK] & tm[:, :, ATTACK, None]
+        for t in (NUKE, STUN, HEAL):
+            allowed |= tv[t] & tm[:, :, t, None]
+        allowed[:, :, 0] |= ~allowed.any(axis=2)
+        target_mask[:] = allowed
         mask[:, :, :NUM_TYPES] = tm
         mask[:, :, NUM_TYPES + 1:NUM_TYPES + NUM_DIRS] = can_act[:, :, None]
 
@@ -178,18 +183,20 @@ class Observer:
         rel *= self.slot_yscale
         np.clip(rel, -1.5, 1.5, out=rel)
         np.multiply(rel, pres, out=f[3])
-        f[4][:] = tv[:, :, ATTACK]
+        f[4][:] = tv[ATTACK]
         extra = np.where(self.ec, hp <= st.damage[:, :H, None], np.where(self.ac, deniable, tvul))
         np.logical_and(extra, present, out=extra)
         f[5][:] = extra
         # Level, stun and mana of the hero slots (enemies, then allies), zero when not visible.
         base += T * SLOT_FEATURES
-        hv = pres[:, :, self.eh_ah]
-        m = 2 * lay.n
-        hero_units = self.hero_units
-        np.multiply(st.level[:, hero_units] / cfg.max_level, hv, out=obs[:, :, base:base + m])
-        np.multiply(st.stun[:, hero_units] / cfg.stun_seconds, hv, out=obs[:, :, base + m:base + 2 * m])
-        np.multiply(st.mana[:, hero_units] / st.max_mana[:, hero_units], hv, out=obs[:, :, base + 2 * m:base + 3 * m])
+        per_hero = np.stack([st.level.astype(np.float32) / cfg.max_level, st.stun / cfg.stun_seconds, st.mana / st.max_mana],
+                            axis=-1)
+        block = obs[:, :, base:base + 2 * lay.n * HERO_EXTRA].reshape(B, H, 2 * lay.n, HERO_EXTRA)
+        n = lay.n
+        hv = pres[:, :, self.eh_ah, None]
+        for side in range(2):  # the heroes of one side all list the heroes in the same order
+            rows = slice(side * n, (side + 1) * n)
+            np.multiply(per_hero[:, None, self.hero_units[side * n]], hv[:, rows], out=block[:, rows])
         t = st.step_count[:, None].astype(np.float32)
         period = cfg.wave_period / cfg.seconds_per_step
         obs[:, :, -2] = t / cfg.max_steps
