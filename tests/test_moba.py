@@ -165,6 +165,23 @@ def test_masks_only_allow_targets_in_range() -> None:
     assert allowed_any > 0
 
 
+@pytest.mark.parametrize("heroes,lanes", [(1, 1), (3, 3)])
+def test_sides_see_mirrored_views(heroes: int, lanes: int) -> None:
+    """A mirror-symmetric game gives both sides identical observations and masks, and stays symmetric."""
+    env = MobaVecEnv(num_games=1, seed=0, heroes_per_side=heroes, lanes=lanes, damage_jitter=0.0)
+    env.reset()
+    st, n = env.state, heroes
+    st.x[0, :n] = 20.0 + 7.0 * np.arange(n)
+    st.x[0, n:2 * n] = env.cfg.map_length - st.x[0, :n]
+    st.y[0, :2 * n] = np.tile(2.0 * np.arange(n), 2)
+    step = env.observe_now()
+    bot = env.make_bot("lane")
+    for _ in range(150):
+        np.testing.assert_allclose(step.obs[0, :n], step.obs[0, n:], atol=1e-4)  # x and L - x round apart
+        assert np.array_equal(step.action_mask[0, :n], step.action_mask[0, n:])
+        step = env.step(bot.act(step))
+
+
 def test_deterministic_under_seed() -> None:
     def run(seed: int) -> tuple[np.ndarray, np.ndarray]:
         env = MobaVecEnv(num_games=4, seed=seed, heroes_per_side=2)

@@ -51,7 +51,8 @@ class LaneBot(ScriptedBot):
         self.lane_y = cfg.lane_y()[self.hero_lane]
         creep_lane = lay.lane[lay.creeps]
         creep_team = lay.team[lay.creeps]
-        self.own_wave = (creep_lane[None, :] == self.hero_lane[:, None]) & (creep_team[None, :] == lay.hero_side[:, None])
+        self.own_wave = ((creep_lane[None, :] == self.hero_lane[:, None])
+                         & (creep_team[None, :] == lay.hero_side[:, None]))
         self.enemy_towers = lay.enemy_structs - lay.H
         self.self_slot = np.argmax(ob.is_self, axis=1)
 

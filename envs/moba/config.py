@@ -65,7 +65,9 @@ class MobaConfig:
     hero_damage: float = 36.0
     hero_damage_per_level: float = 4.0
     hero_damage_per_gold: float = 0.02
-    """Items, abstracted: gold raises attack damage."""
+    """Items, abstracted: gold raises attack damage…"""
+    hero_damage_gold_cap: float = 40.0
+    """…by at most this much."""
     hero_range: float = 6.0
     hero_cooldown: float = 1.0
     hero_speed: float = 6.0

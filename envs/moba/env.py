@@ -69,8 +69,7 @@ class MobaVecEnv(VecMultiAgentEnv):
         died_h, killer, tower_dmg = ru.heroes_act(st, etype, tgt, jitter)
         died = ru.units_act(st, ob.d2, ob.vulnerable, jitter)
         ru.move_heroes(st, etype, adir)
-        ev = ru.settle_deaths(st, died, died_h, killer, ob.d2)
-        ev.tower_damage = tower_dmg
+        ev = ru.settle_deaths(st, died, died_h, killer, tower_dmg, ob.d2)
         ru.tick_timers(st)
         st.step_count += 1
 
@@ -130,7 +129,8 @@ class MobaVecEnv(VecMultiAgentEnv):
         frac = np.where(st.alive[:, lay.structs], st.hp[:, lay.structs] / st.max_hp[:, lay.structs], 0.0)
         score = frac.reshape(self.num_games, 2, lay.S_side).sum(axis=2)
         by_hp = np.where(score[:, 0] > score[:, 1] + 1e-6, 0, np.where(score[:, 1] > score[:, 0] + 1e-6, 1, -1))
-        by_ancient = np.where(anc_alive[:, 0] & ~anc_alive[:, 1], 0, np.where(anc_alive[:, 1] & ~anc_alive[:, 0], 1, -1))
+        only0, only1 = anc_alive[:, 0] & ~anc_alive[:, 1], anc_alive[:, 1] & ~anc_alive[:, 0]
+        by_ancient = np.where(only0, 0, np.where(only1, 1, -1))
         return np.where(terminated, by_ancient, by_hp)
 
     def _finish(self, done: np.ndarray, winner: np.ndarray, truncated: np.ndarray) -> list[EpisodeStats]:

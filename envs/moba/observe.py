@@ -1,7 +1,7 @@
 """Observations, target slots and action masks of every hero of B games.
 
 A hero sees the game in its own frame: side 1's x axis is flipped, so both sides "attack to the right" and
-one policy can play either. Every feature is scaled to roughly [-1, 1].
+one policy can play either. Every feature is scaled to roughly [-1, 1] (never beyond ±1.5).
 
 Target slots (the third action head), in this order: enemy heroes (by index), the nearest ``k_creeps``
 visible enemy creeps, the enemy structures (per lane outer, inner tower, then the ancient), allied heroes
@@ -189,8 +189,8 @@ class Observer:
         f[5][:] = extra
         # Level, stun and mana of the hero slots (enemies, then allies), zero when not visible.
         base += T * SLOT_FEATURES
-        per_hero = np.stack([st.level.astype(np.float32) / cfg.max_level, st.stun / cfg.stun_seconds, st.mana / st.max_mana],
-                            axis=-1)
+        level = st.level.astype(np.float32) / cfg.max_level
+        per_hero = np.stack([level, st.stun / cfg.stun_seconds, st.mana / st.max_mana], axis=-1)
         block = obs[:, :, base:base + 2 * lay.n * HERO_EXTRA].reshape(B, H, 2 * lay.n, HERO_EXTRA)
         n = lay.n
         hv = pres[:, :, self.eh_ah, None]

@@ -50,8 +50,9 @@ class MobaParallelEnv(ParallelEnv):
 
     def _observations(self, step: StepResult) -> dict[str, dict[str, np.ndarray]]:
         masks = step.action_mask[0].astype(np.int8)
+        heads = list(zip(self._offsets, self.env.spec.action_heads))
         return {a: {"observation": step.obs[0, i].copy(),
-                    "action_mask": tuple(masks[i, o:o + n].copy() for o, n in zip(self._offsets, self.env.spec.action_heads))}
+                    "action_mask": tuple(masks[i, o:o + n].copy() for o, n in heads)}
                 for i, a in enumerate(self.possible_agents)}
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:

@@ -77,8 +77,13 @@ class Rules:
         self.period_steps = max(1, int(round(cfg.wave_period / cfg.seconds_per_step)))
 
     # ------------------------------------------------------------------ phase 1: heroes act
-    def heroes_act(self, st: State, etype: np.ndarray, tgt: np.ndarray, jitter: np.ndarray) -> tuple:
-        """Apply validated hero actions (``etype`` already NOOP where invalid; ``tgt`` unit index [B, H])."""
+    def heroes_act(self, st: State, etype: np.ndarray, tgt: np.ndarray,
+                   jitter: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Apply validated hero actions (``etype`` already NOOP where invalid; ``tgt`` unit index [B, H]).
+
+        Returns (units killed by heroes [B, U], the hero credited for each unit [B, U] or -1, damage each
+        hero dealt to structures in units of their max HP [B, H]).
+        """
         cfg, lay, H, U = self.cfg, self.lay, self.lay.H, self.lay.U
         attack, nuke, stun, heal = etype == ATTACK, etype == NUKE, etype == STUN, etype == HEAL
         lvl = st.level.astype(np.float32)
@@ -144,8 +149,9 @@ class Rules:
         stgt = sscore.argmin(axis=2)
         sstrike = svalid.any(axis=2) & living[:, ss] & (st.atk_cd[:, ss] <= 0)
         # Damage from both in one scatter.
-        taken = _scatter_add((ctgt + self.row_u)[cstrike], (st.damage[:, cs] * jitter[:, cs])[cstrike], self.B * lay.U)
-        taken += _scatter_add((stgt + self.row_u)[sstrike], (st.damage[:, ss] * jitter[:, ss])[sstrike], self.B * lay.U)
+        size = self.B * lay.U
+        taken = _scatter_add((ctgt + self.row_u)[cstrike], (st.damage[:, cs] * jitter[:, cs])[cstrike], size)
+        taken += _scatter_add((stgt + self.row_u)[sstrike], (st.damage[:, ss] * jitter[:, ss])[sstrike], size)
         st.atk_cd[:, cs][cstrike] = cfg.creep_cooldown
         st.atk_cd[:, ss][sstrike] = cfg.tower_cooldown
         st.hp -= taken.reshape(self.B, lay.U)
@@ -176,7 +182,7 @@ class Rules:
         np.clip(st.y[:, :lay.H], -self.y_limit, self.y_limit, out=st.y[:, :lay.H])
 
     def settle_deaths(self, st: State, died: np.ndarray, by_hero: np.ndarray, killer: np.ndarray,
-                      d2: np.ndarray) -> Events:
+                      tower_damage: np.ndarray, d2: np.ndarray) -> Events:
         """Remove the dead; pay last hits, denies, kills, XP and structure bounties."""
         cfg, lay, B, H = self.cfg, self.lay, self.B, self.lay.H
         credited = by_hero & (killer >= 0)
@@ -209,7 +215,7 @@ class Rules:
         st.hp[died] = 0.0
         st.gold += gold
         st.xp += xp
-        return Events(gold, xp, kills, deaths, last_hits, denies, np.zeros((B, H), np.float32), destroyed)
+        return Events(gold, xp, kills, deaths, last_hits, denies, tower_damage, destroyed)
 
     def tick_timers(self, st: State) -> None:
         """Regeneration, fountain, cooldowns, respawns, levels."""
@@ -228,14 +234,16 @@ class Rules:
         st.x[:, :H] = np.where(back, np.where(lay.hero_side == 0, cfg.fountain_x, cfg.map_length - cfg.fountain_x),
                                st.x[:, :H])
         st.y[:, :H] = np.where(back, 0.0, st.y[:, :H])
-        level = np.minimum(cfg.max_level, np.floor((1 + np.sqrt(1 + 8 * st.xp / cfg.xp_per_level)) / 2)).astype(np.int64)
+        reached = np.floor((1 + np.sqrt(1 + 8 * st.xp / cfg.xp_per_level)) / 2)  # inverts l (l - 1) / 2
+        level = np.minimum(cfg.max_level, reached).astype(np.int64)
         lv = (level - 1).astype(np.float32)
         new_max = cfg.hero_hp + cfg.hero_hp_per_level * lv
         st.hp[:, :H] += np.where(alive, new_max - st.max_hp[:, :H], 0.0)
         st.max_hp[:, :H] = new_max
         st.max_mana[:] = cfg.hero_mana + cfg.hero_mana_per_level * lv
         st.level[:] = level
-        st.damage[:, :H] = cfg.hero_damage + cfg.hero_damage_per_level * lv + cfg.hero_damage_per_gold * st.gold
+        bonus = np.minimum(cfg.hero_damage_per_gold * st.gold, cfg.hero_damage_gold_cap)
+        st.damage[:, :H] = cfg.hero_damage + cfg.hero_damage_per_level * lv + bonus
         st.hp[:, :H] = np.where(back, st.max_hp[:, :H], np.minimum(st.hp[:, :H], st.max_hp[:, :H]))
         st.mana[:] = np.where(back, st.max_mana, np.minimum(st.mana, st.max_mana))
 
