@@ -187,16 +187,16 @@ class Observer:
         extra = np.where(self.ec, hp <= st.damage[:, :H, None], np.where(self.ac, deniable, tvul))
         np.logical_and(extra, present, out=extra)
         f[5][:] = extra
-        # Level, stun and mana of the hero slots (enemies, then allies), zero when not visible.
+        # Level, stun and mana of the hero slots (enemies, then allies), zero when not visible; feature-major.
         base += T * SLOT_FEATURES
-        level = st.level.astype(np.float32) / cfg.max_level
-        per_hero = np.stack([level, st.stun / cfg.stun_seconds, st.mana / st.max_mana], axis=-1)
-        block = obs[:, :, base:base + 2 * lay.n * HERO_EXTRA].reshape(B, H, 2 * lay.n, HERO_EXTRA)
         n = lay.n
-        hv = pres[:, :, self.eh_ah, None]
+        level = st.level.astype(np.float32) / cfg.max_level
+        per_hero = np.stack([level, st.stun / cfg.stun_seconds, st.mana / st.max_mana], axis=1)  # [B, 3, H]
+        block = obs[:, :, base:base + 2 * n * HERO_EXTRA].reshape(B, H, HERO_EXTRA, 2 * n)
+        hv = pres[:, :, None, self.eh_ah]
         for side in range(2):  # the heroes of one side all list the heroes in the same order
             rows = slice(side * n, (side + 1) * n)
-            np.multiply(per_hero[:, None, self.hero_units[side * n]], hv[:, rows], out=block[:, rows])
+            np.multiply(per_hero[:, None, :, self.hero_units[side * n]], hv[:, rows], out=block[:, rows])
         t = st.step_count[:, None].astype(np.float32)
         period = cfg.wave_period / cfg.seconds_per_step
         obs[:, :, -2] = t / cfg.max_steps

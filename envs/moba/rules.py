@@ -26,6 +26,10 @@ DIRS = np.stack([np.cos(_ANGLES), np.sin(_ANGLES)], axis=1).astype(np.float32)
 """Unit vector of each move direction in the hero's own (mirrored) frame: 0 = towards the enemy base."""
 
 
+_FAR = np.float32(1e9)
+"""Added to the score of an invalid target: larger than any squared distance or priority offset."""
+
+
 @dataclass
 class Events:
     """What each hero gained this tick ([B, H] arrays), and structures destroyed by each side ([B, 2])."""
@@ -130,7 +134,7 @@ class Rules:
         valid &= lay.enemy_pair[cs]
         valid &= targetable[:, None, :]
         score = np.add(dc, self.hero_penalty)
-        score[~valid] = np.inf
+        score += ~valid * _FAR  # cheaper than masked assignment; rows with no valid target are ignored
         ctgt = score.argmin(axis=2)
         chas = valid.any(axis=2) & living[:, cs]
         cdist2 = np.take(d2, ctgt + self.row_c)
@@ -145,7 +149,7 @@ class Rules:
         punish = (st.aggro > 0)[:, None, :] & (victim_d2 <= cfg.tower_range ** 2)
         sscore = ds + self.tower_penalty
         sscore[:, :, :H] -= np.where(punish, np.float32(2e4), np.float32(0.0))
-        sscore[~svalid] = np.inf
+        sscore += ~svalid * _FAR
         stgt = sscore.argmin(axis=2)
         sstrike = svalid.any(axis=2) & living[:, ss] & (st.atk_cd[:, ss] <= 0)
         # Damage from both in one scatter.
