@@ -261,6 +261,9 @@ def test_render_image_gif_and_replay(tmp_path) -> None:
 
     stats = write_replay({"heroes_per_side": 1}, ("lane", Idle()), tmp_path / "r.gif", seed=1, max_steps=20)
     assert stats is None and Image.open(tmp_path / "r.gif").n_frames > 1
+    pz = MobaParallelEnv(render_mode="rgb_array")
+    pz.reset(seed=0)
+    assert pz.render().shape[2] == 3
 
 
 def test_heal_and_stun_masks() -> None:

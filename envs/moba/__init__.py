@@ -6,6 +6,15 @@ Recommended options (keyword arguments of ``MobaVecEnv`` / the ``[env.options]``
 - 3v3: ``heroes_per_side = 3, lanes = 1, max_seconds = 360, seconds_per_step = 0.5``
 - 5v5: ``heroes_per_side = 5, lanes = 3, max_seconds = 600, seconds_per_step = 0.5``
 
+Shapes (default ``k_creeps = 4``), as ``obs_dim`` and ``action_heads``: 1v1 one lane 101, (6, 8, 13); 3v3 one
+lane 137, (6, 8, 17); 5v5 one lane 173, (6, 8, 21); 5v5 three lanes 197, (6, 8, 25). Heads: action type
+(noop, move, attack, nuke, stun, heal), move direction (8, mirrored like the map), target slot (enemy heroes,
+nearest enemy creeps, enemy structures, allied heroes, nearest allied creeps; see
+:mod:`rapid.envs.moba.observe`). ``seconds_per_step`` is ``spec.seconds_per_step``.
+
+Also here: ``rapid.envs.moba.pz.MobaParallelEnv`` (PettingZoo view of one game) and
+``rapid.envs.moba.render`` (``render_frame``, ``write_gif``).
+
 Every other :class:`MobaConfig` field (reward weights ``reward_win``, ``reward_kill``, ``reward_death``,
 ``reward_last_hit``, ``reward_deny``, ``reward_tower_damage``, ``reward_tower_kill``, ``reward_gold``,
 ``reward_xp``; unit stats; wave timing) is an option too. Scripted bots: ``random``, ``idle``, ``lane``.

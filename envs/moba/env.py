@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from rapid.envs.base import EnvSpec, EpisodeStats, ScriptedBot, StepResult, VecMultiAgentEnv
+from rapid.envs.moba.bots import make_bot
 from rapid.envs.moba.config import MOVE, NOOP, MobaConfig
 from rapid.envs.moba.observe import Observer
 from rapid.envs.moba.rules import Events, Rules
@@ -94,8 +95,6 @@ class MobaVecEnv(VecMultiAgentEnv):
         return ("random", "idle", "lane")
 
     def make_bot(self, name: str, seed: int = 0) -> ScriptedBot:
-        from rapid.envs.moba.bots import make_bot
-
         return make_bot(self, name, seed)
 
     def observe_now(self) -> StepResult:
