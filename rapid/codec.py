@@ -36,7 +36,7 @@ class Limits:
 
 
 def _pack_array(a: np.ndarray) -> msgpack.ExtType:
-    a = np.ascontiguousarray(a)
+    a = np.require(a, requirements="C")  # unlike ascontiguousarray, keeps 0-d arrays 0-d
     if a.dtype.name not in ALLOWED_DTYPES:
         raise TypeError(f"cannot encode arrays of dtype {a.dtype}")
     body = msgpack.packb([a.dtype.name, list(a.shape), a.tobytes()], use_bin_type=True)

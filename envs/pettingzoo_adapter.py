@@ -1,0 +1,227 @@
+"""Any PettingZoo env, named by import path, in the vectorized multi-agent interface.
+
+Turn-based (AEC) games step one turn per vector step: the agent whose turn it is is ``active``; the other
+agents' actions are ignored that step. Parallel games step all live agents. Observations of different
+sizes are zero-padded to the largest; ``Dict`` observations with an ``action_mask`` entry (PettingZoo's
+classic games) give their mask, otherwise a mask from ``info['action_mask']`` or all-allowed.
+
+Agents are split into two sides: with two agents, one each; otherwise by name prefix when there are
+exactly two prefixes (``adversary_0``, ``agent_1`` …), else first half / second half.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from rapid.envs.base import EnvSpec, EpisodeStats, StepResult, VecMultiAgentEnv, head_offsets, winner_from_returns
+
+
+def load_pettingzoo_module(path: str):
+    try:
+        module = importlib.import_module(path)
+    except ImportError as e:
+        raise ValueError(f"cannot import env {path!r}: {e}") from None
+    if not (hasattr(module, "parallel_env") or hasattr(module, "env")):
+        raise ValueError(f"{path!r} is not a PettingZoo env module (no env() or parallel_env())")
+    return module
+
+
+def _obs_space(space: spaces.Space) -> spaces.Space:
+    if isinstance(space, spaces.Dict) and "observation" in space.spaces:
+        return space["observation"]
+    return space
+
+
+def _heads(space: spaces.Space, agent: str) -> tuple[int, ...]:
+    if isinstance(space, spaces.Discrete):
+        return (int(space.n),)
+    if isinstance(space, spaces.MultiDiscrete):
+        return tuple(int(n) for n in np.asarray(space.nvec).ravel())
+    raise ValueError(f"agent {agent}: action space {space} is not Discrete or MultiDiscrete")
+
+
+def split_sides(agents: list[str]) -> tuple[int, ...]:
+    if len(agents) == 2:
+        return (0, 1)
+    prefixes = [a.rsplit("_", 1)[0] for a in agents]
+    distinct = list(dict.fromkeys(prefixes))
+    if len(distinct) == 2:
+        return tuple(distinct.index(p) for p in prefixes)
+    half = len(agents) // 2
+    return tuple(0 if i < half else 1 for i in range(len(agents)))
+
+
+class PettingZooVecEnv(VecMultiAgentEnv):
+    """B independent PettingZoo games behind the vectorized interface."""
+
+    def __init__(self, path: str, num_games: int, seed: int = 0, options: dict[str, Any] | None = None):
+        module = load_pettingzoo_module(path)
+        options = dict(options or {})
+        self.parallel = hasattr(module, "parallel_env")
+        factory = module.parallel_env if self.parallel else module.env
+        try:
+            self.games = [factory(**options) for _ in range(num_games)]
+        except TypeError as e:
+            raise ValueError(f"env {path!r} rejected options {options}: {e}") from None
+        self.num_games = num_games
+        self.seed = seed
+        first = self.games[0]
+        agents = list(first.possible_agents)
+        self.index = {a: i for i, a in enumerate(agents)}
+        obs_spaces = [_obs_space(first.observation_space(a)) for a in agents]
+        self.obs_sizes = [int(np.prod(s.shape)) for s in obs_spaces]
+        head_sets = [_heads(first.action_space(a), a) for a in agents]
+        if len({len(h) for h in head_sets}) != 1:
+            raise ValueError(f"env {path!r}: agents have different numbers of action heads")
+        heads = tuple(int(max(n)) for n in zip(*head_sets))
+        self.own_heads = head_sets
+        self.spec = EnvSpec(
+            name=path, num_agents=len(agents), obs_dim=max(self.obs_sizes), action_heads=heads,
+            side_of_agent=split_sides(agents), agent_names=tuple(agents),
+        )
+        self.offsets = head_offsets(heads)
+        self._episode = np.zeros(num_games, dtype=np.int64)
+        self._length = np.zeros(num_games, dtype=np.int64)
+        self._returns = np.zeros((num_games, len(agents)), dtype=np.float64)
+        self._obs = np.zeros((num_games, len(agents), self.spec.obs_dim), dtype=np.float32)
+        self._mask = np.ones((num_games, len(agents), self.spec.mask_dim), dtype=bool)
+        self._active = np.zeros((num_games, len(agents)), dtype=bool)
+
+    # --- per-game helpers -------------------------------------------------------------------------
+
+    def _game_seed(self, b: int) -> int:
+        return int(self.seed * 1_000_003 + b * 10_007 + self._episode[b])
+
+    def _write_agent(self, b: int, agent: str, obs: Any, info: dict | None, active: bool) -> None:
+        i = self.index[agent]
+        mask = None
+        if isinstance(obs, dict):
+            mask = obs.get("action_mask")
+            obs = obs["observation"]
+        if mask is None and info:
+            mask = info.get("action_mask")
+        flat = np.asarray(obs, dtype=np.float32).ravel()
+        self._obs[b, i, :] = 0.0
+        self._obs[b, i, :flat.size] = flat
+        row = np.zeros(self.spec.mask_dim, dtype=bool)
+        for h, n in enumerate(self.own_heads[i]):
+            row[self.offsets[h]:self.offsets[h] + n] = True
+        if mask is not None and active:
+            mask = np.asarray(mask, dtype=bool).ravel()
+            if mask.size == sum(self.own_heads[i]) and mask.any():
+                row[:] = False
+                pos = 0
+                for h, n in enumerate(self.own_heads[i]):
+                    row[self.offsets[h]:self.offsets[h] + n] = mask[pos:pos + n]
+                    pos += n
+        self._mask[b, i] = row
+        self._active[b, i] = active
+
+    def _reset_game(self, b: int) -> None:
+        game = self.games[b]
+        self._obs[b] = 0.0
+        self._mask[b] = True
+        self._active[b] = False
+        self._length[b] = 0
+        self._returns[b] = 0.0
+        if self.parallel:
+            obs, infos = game.reset(seed=self._game_seed(b))
+            for agent in game.agents:
+                self._write_agent(b, agent, obs[agent], infos.get(agent), True)
+        else:
+            game.reset(seed=self._game_seed(b))
+            self._observe_aec(b)
+
+    def _observe_aec(self, b: int) -> None:
+        game = self.games[b]
+        for agent in game.agents:
+            active = agent == game.agent_selection
+            self._write_agent(b, agent, game.observe(agent), game.infos.get(agent), active)
+
+    def _action_for(self, b: int, agent: str, actions: np.ndarray) -> Any:
+        """The agent's action, with forbidden choices replaced by its first allowed one."""
+        i = self.index[agent]
+        chosen = []
+        for h, n in enumerate(self.own_heads[i]):
+            allowed = self._mask[b, i, self.offsets[h]:self.offsets[h] + n]
+            a = int(actions[b, i, h])
+            if not (0 <= a < n and allowed[a]):
+                a = int(np.argmax(allowed))
+            chosen.append(a)
+        return chosen[0] if len(chosen) == 1 else np.asarray(chosen, dtype=np.int64)
+
+    def _finish(self, b: int, truncated: bool, episodes: list[EpisodeStats]) -> None:
+        sides = np.asarray(self.spec.side_of_agent)
+        side_returns = (float(self._returns[b, sides == 0].sum()), float(self._returns[b, sides == 1].sum()))
+        episodes.append(EpisodeStats(game=b, winner=winner_from_returns(side_returns), length=int(self._length[b]),
+                                     side_returns=side_returns, truncated=truncated))
+        self._episode[b] += 1
+        self._reset_game(b)
+
+    # --- interface --------------------------------------------------------------------------------
+
+    def reset(self, seed: int | None = None) -> StepResult:
+        if seed is not None:
+            self.seed = seed
+        self._episode[:] = 0
+        for b in range(self.num_games):
+            self._reset_game(b)
+        return self._result(np.zeros((self.num_games, self.spec.num_agents), np.float32),
+                            np.zeros(self.num_games, bool), np.zeros(self.num_games, bool), [])
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        B, A = self.num_games, self.spec.num_agents
+        rewards = np.zeros((B, A), dtype=np.float32)
+        terminated = np.zeros(B, dtype=bool)
+        truncated = np.zeros(B, dtype=bool)
+        episodes: list[EpisodeStats] = []
+        for b, game in enumerate(self.games):
+            if self.parallel:
+                done, cut = self._step_parallel(b, game, actions, rewards)
+            else:
+                done, cut = self._step_aec(b, game, actions, rewards)
+            self._length[b] += 1
+            self._returns[b] += rewards[b]
+            if done:
+                terminated[b], truncated[b] = not cut, cut
+                self._finish(b, cut, episodes)
+        return self._result(rewards, terminated, truncated, episodes)
+
+    def _step_parallel(self, b, game, actions, rewards) -> tuple[bool, bool]:
+        live = list(game.agents)
+        obs, rew, terms, truncs, infos = game.step({a: self._action_for(b, a, actions) for a in live})
+        for agent, r in rew.items():
+            rewards[b, self.index[agent]] = r
+        self._active[b] = False
+        for agent in game.agents:
+            self._write_agent(b, agent, obs[agent], infos.get(agent), True)
+        if game.agents and not all(terms.get(a, False) or truncs.get(a, False) for a in game.agents):
+            return False, False
+        cut = any(truncs.values()) and not any(terms.values())
+        return True, cut
+
+    def _step_aec(self, b, game, actions, rewards) -> tuple[bool, bool]:
+        agent = game.agent_selection
+        finished = game.terminations[agent] or game.truncations[agent]
+        game.step(None if finished else self._action_for(b, agent, actions))
+        for other, r in game.rewards.items():
+            rewards[b, self.index[other]] += r
+        alive = [a for a in game.agents if not (game.terminations[a] or game.truncations[a])]
+        if alive:
+            self._observe_aec(b)
+            return False, False
+        cut = any(game.truncations.values()) and not any(game.terminations.values())
+        return True, cut
+
+    def _result(self, rewards, terminated, truncated, episodes) -> StepResult:
+        return StepResult(obs=self._obs.copy(), action_mask=self._mask.copy(), rewards=rewards,
+                          terminated=terminated, truncated=truncated, active=self._active.copy(),
+                          episodes=episodes)
+
+    def close(self) -> None:
+        for game in self.games:
+            game.close()

@@ -1,0 +1,98 @@
+"""The optimizer's experience buffer: a ring of samples, with staleness and reuse measured.
+
+Usage::
+
+    buf = ExperienceBuffer(capacity=4096, max_staleness=8)
+    buf.add(arrays)                                   # dict of [S, ...] arrays, one key 'version'
+    batch = buf.sample(256, current_version, rng)     # None until enough fresh samples
+    buf.stats()                                       # received, consumed, dropped_stale, reuse
+
+Staleness = current version − the version that produced a sample; samples beyond ``max_staleness`` are
+dropped (and counted) when a batch is drawn. Reuse = samples consumed by updates ÷ samples received.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class BufferStats:
+    received: int = 0
+    consumed: int = 0
+    dropped_stale: int = 0
+    evicted_unused: int = 0
+    size: int = 0
+
+    @property
+    def reuse(self) -> float:
+        return self.consumed / self.received if self.received else 0.0
+
+
+class ExperienceBuffer:
+    def __init__(self, capacity: int, max_staleness: int):
+        self.capacity = capacity
+        self.max_staleness = max_staleness
+        self._arrays: dict[str, np.ndarray] | None = None
+        self._valid = np.zeros(capacity, dtype=bool)
+        self._uses = np.zeros(capacity, dtype=np.int64)
+        self._next = 0
+        self._stats = BufferStats()
+        self._lock = threading.Lock()
+        self._added = threading.Condition(self._lock)
+
+    def add(self, arrays: dict[str, np.ndarray]) -> None:
+        n = int(arrays["version"].shape[0])
+        if n > self.capacity:  # keep the newest part of an oversized batch
+            arrays = {k: v[-self.capacity:] for k, v in arrays.items()}
+            n = self.capacity
+        with self._lock:
+            if self._arrays is None:
+                self._arrays = {k: np.zeros((self.capacity, *v.shape[1:]), v.dtype) for k, v in arrays.items()}
+            idx = (self._next + np.arange(n)) % self.capacity
+            self._stats.evicted_unused += int((self._valid[idx] & (self._uses[idx] == 0)).sum())
+            for key, value in arrays.items():
+                self._arrays[key][idx] = value
+            self._valid[idx] = True
+            self._uses[idx] = 0
+            self._next = int((self._next + n) % self.capacity)
+            self._stats.received += n
+            self._added.notify_all()
+
+    def _drop_stale(self, current_version: int) -> None:
+        if self._arrays is None:
+            return
+        stale = self._valid & (current_version - self._arrays["version"] > self.max_staleness)
+        self._stats.dropped_stale += int(stale.sum())
+        self._valid &= ~stale
+
+    def sample(self, batch: int, current_version: int, rng: np.random.Generator, max_reuse: float = np.inf,
+               timeout: float = 0.0) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
+        """``batch`` fresh samples (least-used first, ties at random) and their staleness, or None if
+        there are too few, or consuming them would push reuse above ``max_reuse``, within ``timeout``."""
+        with self._lock:
+            ready = self._added.wait_for(lambda: self._ready(batch, current_version, max_reuse), timeout)
+            if not ready:
+                return None
+            candidates = np.flatnonzero(self._valid)
+            order = np.lexsort((rng.random(candidates.size), self._uses[candidates]))
+            chosen = candidates[order[:batch]]
+            self._uses[chosen] += 1
+            self._stats.consumed += batch
+            out = {k: v[chosen].copy() for k, v in self._arrays.items()}
+        return out, current_version - out["version"]
+
+    def _ready(self, batch: int, current_version: int, max_reuse: float) -> bool:
+        self._drop_stale(current_version)
+        if int(self._valid.sum()) < batch:
+            return False
+        return self._stats.consumed + batch <= max_reuse * self._stats.received
+
+    def stats(self) -> BufferStats:
+        with self._lock:
+            s = BufferStats(**vars(self._stats))
+            s.size = int(self._valid.sum())
+            return s

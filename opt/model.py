@@ -1,0 +1,152 @@
+"""The LSTM policy shared by all agents of a side (SPEC §8).
+
+Observation normalization and the return scale are buffers of the model, so they travel with every
+published parameter version; only the learner updates them.
+
+Acting (rollout workers, evaluation; no grad, all agents of all games in one batch)::
+
+    out = policy.act(obs, mask, state)          # obs [N, D], mask [N, M] bool, state (h, c) [N, L]
+    out.actions, out.logp, out.value, out.state
+
+Training (the learner; BPTT over samples of T steps from each sample's stored initial state)::
+
+    logp, entropy, value = policy.evaluate(obs, mask, actions, h0, c0, first)   # [S, T] each
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+NEG_INF = -1e9
+
+
+class RunningNorm(nn.Module):
+    """Running mean/variance (Chan et al. parallel update), applied as a clipped z-score."""
+
+    def __init__(self, dim: int, clip: float):
+        super().__init__()
+        self.clip = clip
+        self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(dim, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        x = x.reshape(-1, x.shape[-1]).double()
+        self.update_moments(x.mean(0), x.var(0, unbiased=False), x.shape[0])
+
+    @torch.no_grad()
+    def update_moments(self, batch_mean: torch.Tensor, batch_var: torch.Tensor, n: int) -> None:
+        if n == 0:
+            return
+        batch_mean, batch_var = batch_mean.double(), batch_var.double()
+        total = self.count + n
+        delta = batch_mean - self.mean
+        self.mean += delta * n / total
+        self.var.copy_((self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total)
+        self.count.copy_(total)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = (x - self.mean.float()) / (self.var.float().sqrt() + 1e-8)
+        return z.clamp(-self.clip, self.clip)
+
+
+@dataclass
+class ActOutput:
+    actions: torch.Tensor
+    logp: torch.Tensor
+    value: torch.Tensor
+    """In return units (the normalized head output times the return scale)."""
+    state: tuple[torch.Tensor, torch.Tensor]
+
+
+class Policy(nn.Module):
+    def __init__(self, obs_dim: int, action_heads: tuple[int, ...], hidden: int = 128, encoder_layers: int = 2,
+                 lstm: int = 128, obs_clip: float = 5.0):
+        super().__init__()
+        self.obs_dim = obs_dim
+        self.action_heads = tuple(int(n) for n in action_heads)
+        self.lstm_size = lstm
+        self.obs_norm = RunningNorm(obs_dim, obs_clip)
+        self.register_buffer("return_scale", torch.ones((), dtype=torch.float64))
+        layers: list[nn.Module] = []
+        size = obs_dim
+        for _ in range(encoder_layers):
+            layers += [nn.Linear(size, hidden), nn.ReLU()]
+            size = hidden
+        self.encoder = nn.Sequential(*layers)
+        self.lstm = nn.LSTMCell(size, lstm)
+        self.logits = nn.Linear(lstm, sum(self.action_heads))
+        self.value_head = nn.Linear(lstm, 1)
+        nn.init.orthogonal_(self.logits.weight, gain=0.01)
+        nn.init.zeros_(self.logits.bias)
+        nn.init.orthogonal_(self.value_head.weight, gain=1.0)
+        nn.init.zeros_(self.value_head.bias)
+
+    def initial_state(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.zeros(n, self.lstm_size), torch.zeros(n, self.lstm_size)
+
+    def _core(self, obs, state):
+        h, c = self.lstm(self.encoder(self.obs_norm(obs)), state)
+        return h, c
+
+    def _dists(self, h: torch.Tensor, mask: torch.Tensor) -> list[torch.distributions.Categorical]:
+        logits = self.logits(h).masked_fill(~mask, NEG_INF)
+        return [torch.distributions.Categorical(logits=part) for part in logits.split(self.action_heads, -1)]
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, mask: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor],
+            greedy: bool = False) -> ActOutput:
+        h, c = self._core(obs, state)
+        dists = self._dists(h, mask)
+        actions = torch.stack([d.probs.argmax(-1) if greedy else d.sample() for d in dists], -1)
+        logp = sum(d.log_prob(actions[:, i]) for i, d in enumerate(dists))
+        value = self.value_head(h).squeeze(-1) * self.return_scale.float()
+        return ActOutput(actions, logp, value, (h, c))
+
+    @torch.no_grad()
+    def value(self, obs: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Value (return units) of ``obs`` without advancing anyone's state: the bootstrap at a segment end."""
+        h, _ = self._core(obs, state)
+        return self.value_head(h).squeeze(-1) * self.return_scale.float()
+
+    def evaluate(self, obs: torch.Tensor, mask: torch.Tensor, actions: torch.Tensor, h0: torch.Tensor,
+                 c0: torch.Tensor, first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-probs, entropies and normalized values [S, T] of the stored actions, by BPTT over T.
+
+        The state is zeroed before every step that starts a game (``first``), as the worker did.
+        """
+        S, T = obs.shape[:2]
+        x = self.encoder(self.obs_norm(obs))
+        h, c = h0, c0
+        hs = []
+        for t in range(T):
+            keep = (~first[:, t]).float().unsqueeze(-1)
+            h, c = self.lstm(x[:, t], (h * keep, c * keep))
+            hs.append(h)
+        hidden = torch.stack(hs, 1).reshape(S * T, -1)
+        dists = self._dists(hidden, mask.reshape(S * T, -1))
+        flat_actions = actions.reshape(S * T, -1)
+        logp = sum(d.log_prob(flat_actions[:, i]) for i, d in enumerate(dists))
+        entropy = sum(d.entropy() for d in dists)
+        value = self.value_head(hidden).squeeze(-1)
+        return logp.reshape(S, T), entropy.reshape(S, T), value.reshape(S, T)
+
+    # --- parameters as plain arrays (the params format carries numpy, never pickle) -------------
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.state_dict().items()}
+
+    def load_tensors(self, tensors: dict[str, np.ndarray]) -> None:
+        own = self.state_dict()
+        if set(own) != set(tensors):
+            missing, extra = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
+            raise ValueError(f"parameters do not match the model (missing {missing[:3]}, unexpected {extra[:3]})")
+        for key, value in own.items():
+            if tuple(tensors[key].shape) != tuple(value.shape):
+                raise ValueError(f"parameter {key} has shape {tensors[key].shape}, model expects {tuple(value.shape)}")
+        self.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in tensors.items()})

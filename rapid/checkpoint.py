@@ -1,0 +1,91 @@
+"""Checkpoints: model, normalizers, Adam state and counters, in the msgpack codec (no pickle).
+
+Usage::
+
+    save_checkpoint(store, Checkpoint(version, updates, policy.tensors(), adam.state_dict()), keep=3)
+    ckpt = load_latest_checkpoint(store)        # None when the run has none
+    policy.load_tensors(ckpt.model); adam.load_state_dict(ckpt.adam_state())
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from rapid import codec
+from rapid.errors import FormatError
+from rapid.infra.store import KeyNotFound, Store
+
+FORMAT = "rapid.checkpoint"
+FORMAT_VERSION = 1
+LATEST_KEY = "checkpoints/LATEST"
+LIMITS = codec.Limits(max_bytes=4 << 30, max_array_bytes=1 << 30, max_elements=100_000)
+
+
+def checkpoint_key(version: int) -> str:
+    return f"checkpoints/{version:012d}.rck"
+
+
+@dataclass
+class Checkpoint:
+    version: int
+    updates: int
+    model: dict[str, np.ndarray]
+    adam: dict[str, Any]
+    meta: dict = field(default_factory=dict)
+
+    @staticmethod
+    def from_torch(version: int, updates: int, model: dict[str, np.ndarray], adam_state: dict, meta=None):
+        state = {int(k): {name: (v.detach().cpu().numpy() if torch.is_tensor(v) else v) for name, v in s.items()}
+                 for k, s in adam_state["state"].items()}
+        return Checkpoint(version, updates, model, {"state": state, "param_groups": adam_state["param_groups"]},
+                          meta or {})
+
+    def adam_state(self) -> dict:
+        state = {int(k): {name: (torch.from_numpy(np.array(v)) if isinstance(v, np.ndarray) else v)
+                          for name, v in s.items()} for k, s in self.adam["state"].items()}
+        groups = [{**g, "betas": tuple(g["betas"])} for g in self.adam["param_groups"]]
+        return {"state": state, "param_groups": groups}
+
+
+def encode_checkpoint(ckpt: Checkpoint) -> bytes:
+    return codec.encode(FORMAT, FORMAT_VERSION, {"version": ckpt.version, "updates": ckpt.updates,
+                                                 "model": ckpt.model, "adam": ckpt.adam, "meta": ckpt.meta})
+
+
+def decode_checkpoint(data: bytes) -> Checkpoint:
+    tree = codec.decode(data, FORMAT, (FORMAT_VERSION,), LIMITS)
+    where = "checkpoint"
+    version = codec.require(tree, "version", int, where)
+    updates = codec.require(tree, "updates", int, where)
+    model = codec.require(tree, "model", dict, where)
+    adam = codec.require(tree, "adam", dict, where)
+    codec.require(adam, "state", dict, where)
+    codec.require(adam, "param_groups", list, where)
+    meta = codec.require(tree, "meta", dict, where)
+    if not all(isinstance(k, str) and isinstance(v, np.ndarray) for k, v in model.items()):
+        raise FormatError(f"{where}: model tensors malformed")
+    return Checkpoint(version, updates, model, adam, meta)
+
+
+def save_checkpoint(store: Store, ckpt: Checkpoint, keep: int) -> str:
+    key = checkpoint_key(ckpt.version)
+    store.put(key, encode_checkpoint(ckpt))
+    store.put(LATEST_KEY, str(ckpt.version).encode())
+    old = sorted(k for k in store.list("checkpoints/") if k.endswith(".rck"))
+    for stale in old[:-keep]:
+        store.delete(stale)
+    return key
+
+
+def load_latest_checkpoint(store: Store) -> Checkpoint | None:
+    try:
+        version = int(store.get(LATEST_KEY).decode("ascii").strip())
+    except KeyNotFound:
+        return None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise FormatError(f"{LATEST_KEY} is not a version number") from e
+    return decode_checkpoint(store.get(checkpoint_key(version)))

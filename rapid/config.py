@@ -1,0 +1,411 @@
+"""Typed run configuration: one dataclass per section, loaded from TOML, overridden from the command line,
+validated once at start-up with every error reported together (SPEC §8 defaults).
+
+Usage::
+
+    cfg = load_config("configs/connect4.toml", overrides=["ppo.lr=3e-4"])   # raises UsageError
+    cfg.ppo.lr, cfg.derived.gamma
+    print(to_toml(cfg))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from rapid.errors import UsageError
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    """Run name: labels metrics and names the default run directory."""
+    dir: str = ""
+    """Run directory (config, local store, checkpoints, logs). Empty: runs/<name>."""
+    seed: int = 0
+    """Base seed; each worker and rank derives its own from it."""
+    minutes: float = 0.0
+    """Stop training after this many minutes (0: no time limit)."""
+    updates: int = 0
+    """Stop training after this many optimizer updates (0: no limit)."""
+    target_win_rate: float = 0.0
+    """Stop once the evaluator's win rate against eval.opponent reaches this (0: never)."""
+    num_workers: int = 0
+    """Rollout worker processes for `rapid train` (0: one per core left after the optimizer, at least 1)."""
+
+
+@dataclass
+class EnvConfig:
+    name: str = "pettingzoo.classic.connect_four_v3"
+    """'moba' or a PettingZoo module path."""
+    num_games: int = 64
+    """Games stepped together by each rollout worker (B)."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the game's constructor."""
+
+
+@dataclass
+class ModelConfig:
+    hidden: int = 128
+    """Width of the observation encoder's layers."""
+    encoder_layers: int = 2
+    """Fully connected layers before the LSTM."""
+    lstm: int = 128
+    """LSTM hidden size (per agent)."""
+
+
+@dataclass
+class PPOConfig:
+    lr: float = 3e-4
+    clip: float = 0.2
+    """PPO ratio clip."""
+    gae_lambda: float = 0.95
+    horizon_s: float = 100.0
+    """Reward horizon in game seconds; gamma = 1 - seconds_per_step / horizon_s."""
+    value_coef: float = 0.5
+    entropy_coef: float = 0.01
+    """Entropy bonus at the start of training."""
+    entropy_final: float = -1.0
+    """Entropy bonus at entropy_anneal_updates, linearly (negative: same as entropy_coef)."""
+    entropy_anneal_updates: int = 0
+    max_grad_norm: float = 5.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-5
+    team_spirit: float = 0.3
+    """0: each agent's own reward; 1: its team's mean reward."""
+    zero_sum: bool = True
+    """Subtract the enemy team's mean reward, so one side's gain is the other's loss."""
+    obs_clip: float = 5.0
+    """Normalized observations are clipped to ±obs_clip."""
+    normalize_returns: bool = True
+    """Value targets divided by the running std of returns."""
+
+
+@dataclass
+class RolloutConfig:
+    bptt: int = 16
+    """Steps per sample (truncated BPTT length)."""
+    samples_per_segment: int = 4
+    """GAE runs over segments of bptt × samples_per_segment steps before they are cut into samples."""
+    upload_interval_s: float = 60.0
+    """Seconds between experience uploads (Rapid: 60)."""
+    param_poll_s: float = 5.0
+    """Seconds between polls for a newer parameter version."""
+    max_backlog: int = 8
+    """Experience objects held while the store is unreachable; the oldest are dropped past this."""
+    worker_id: str = ""
+    """Worker name in keys and metrics (empty: from MPI rank or 'w<pid>')."""
+    torch_threads: int = 1
+
+
+@dataclass
+class OptimizerConfig:
+    batch_samples: int = 256
+    """Samples (of bptt steps each) per rank per update."""
+    microbatch_samples: int = 0
+    """Gradient accumulation chunk (0: the whole batch at once)."""
+    buffer_samples: int = 4096
+    """Experience buffer capacity per rank; the oldest samples leave first."""
+    max_staleness: int = 8
+    """Samples more than this many versions behind are dropped."""
+    max_reuse: float = 2.0
+    """Wait for new experience rather than consume samples more than this many times on average."""
+    publish_every: int = 1
+    """Publish a parameter version every this many updates."""
+    checkpoint_every: int = 50
+    """Checkpoint every this many updates (and at the end)."""
+    keep_checkpoints: int = 3
+    poll_s: float = 0.5
+    """Seconds between listings of new experience objects."""
+    device: str = "auto"
+    """'auto' (CUDA local rank when present), 'cpu' or 'cuda'."""
+    torch_threads: int = 1
+
+
+@dataclass
+class LeagueConfig:
+    snapshot_every: int = 10
+    """Add a snapshot of the policy to the pool every this many versions (0: never)."""
+    latest_prob: float = 0.8
+    """Share of games against the latest policy; the rest against the pool."""
+    eta: float = 0.01
+    """Quality-score learning rate (OpenAI Five)."""
+    scheme: str = "openai_five"
+    """'openai_five' (p ∝ exp(q)) or 'pfsp' (prioritized fictitious self-play)."""
+    pfsp_power: float = 2.0
+    bot_prob: float = 0.0
+    """Share of games against scripted bots."""
+    bots: list[str] = field(default_factory=list)
+    refresh_s: float = 30.0
+    """Seconds between pool re-reads in rollout workers."""
+
+
+@dataclass
+class EvalConfig:
+    interval_s: float = 20.0
+    """Seconds between evaluations during `rapid train` (0: no evaluator)."""
+    games: int = 200
+    opponent: str = "random"
+    """Baseline for the progress display and target_win_rate: a bot name."""
+
+
+@dataclass
+class StoreConfig:
+    url: str = ""
+    """Store URL: a path, file://… or s3://bucket/prefix (empty: <run dir>/store)."""
+    endpoint_url: str = ""
+    """S3 endpoint override (empty: AWS_ENDPOINT_URL or AWS's default)."""
+    region: str = ""
+    max_attempts: int = 10
+    """Attempts per S3 request (botocore standard retry mode)."""
+    retention_s: float = 600.0
+    """Experience objects older than this are deleted by the optimizer (0: keep)."""
+
+
+@dataclass
+class MetricsConfig:
+    enabled: bool = True
+    base_port: int = 0
+    """First Prometheus port; a process serves on base_port + local rank (0: any free port)."""
+    addr: str = "127.0.0.1"
+
+
+@dataclass
+class Derived:
+    """Sizes computed from the rest, in one place."""
+
+    gamma: float
+    segment_steps: int
+    run_dir: str
+    store_url: str
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    league: LeagueConfig = field(default_factory=LeagueConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    def derive(self, seconds_per_step: float = 1.0) -> Derived:
+        run_dir = self.run.dir or os.path.join("runs", self.run.name)
+        return Derived(
+            gamma=1.0 - seconds_per_step / self.ppo.horizon_s,
+            segment_steps=self.rollout.bptt * self.rollout.samples_per_segment,
+            run_dir=run_dir,
+            store_url=self.store.url or os.path.join(run_dir, "store"),
+        )
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}
+
+
+def _check_type(value: Any, hint: Any) -> Any:
+    """``value`` converted to ``hint`` if that is lossless, else TypeError."""
+    origin = typing.get_origin(hint)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    elif origin is list:
+        (item,) = typing.get_args(hint)
+        if isinstance(value, list):
+            return [_check_type(v, item) for v in value]
+    elif origin is dict:
+        if isinstance(value, dict):
+            return dict(value)
+    raise TypeError(f"expected {getattr(hint, '__name__', str(hint))}, got {type(value).__name__} {value!r}")
+
+
+def _parse_override(text: str) -> tuple[str, str, Any]:
+    if "=" not in text:
+        raise UsageError(f"override {text!r} is not of the form section.key=value")
+    path, raw = text.split("=", 1)
+    parts = path.strip().split(".")
+    if len(parts) < 2:
+        raise UsageError(f"override {text!r}: key must be section.key")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare word is a string: --set env.name=moba
+    if len(parts) > 2:  # env.options.heroes_per_side=3
+        value = _nest(parts[2:], value)
+    return parts[0], parts[1], value
+
+
+def _nest(keys: list[str], value: Any) -> dict:
+    for key in reversed(keys):
+        value = {key: value}
+    return value
+
+
+def build_config(data: dict[str, Any]) -> Config:
+    """A Config from a plain dict (TOML shape), listing every unknown key and bad type at once."""
+    errors: list[str] = []
+    sections = {}
+    for name, cls in SECTIONS.items():
+        cls = typing.get_type_hints(Config)[name]
+        given = data.get(name, {})
+        if not isinstance(given, dict):
+            errors.append(f"[{name}] must be a table")
+            given = {}
+        hints = typing.get_type_hints(cls)
+        kwargs = {}
+        for key, value in given.items():
+            if key not in hints:
+                errors.append(f"{name}.{key}: unknown key")
+                continue
+            try:
+                kwargs[key] = _check_type(value, hints[key])
+            except TypeError as e:
+                errors.append(f"{name}.{key}: {e}")
+        sections[name] = cls(**kwargs)
+    for name in data:
+        if name not in SECTIONS:
+            errors.append(f"[{name}]: unknown section")
+    cfg = Config(**sections)
+    errors += validate(cfg)
+    if errors:
+        raise UsageError("invalid config: " + "; ".join(errors))
+    return cfg
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()) -> Config:
+    """Defaults ← TOML file ← ``section.key=value`` overrides, then validated."""
+    data: dict[str, Any] = {}
+    if path:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise UsageError(f"config file not found: {path}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise UsageError(f"config file {path} is not valid TOML: {e}") from None
+    for text in overrides:
+        section, key, value = _parse_override(text)
+        data = _merge(data, {section: {key: value}})
+    return build_config(data)
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def to_toml(cfg: Config) -> str:
+    return tomli_w.dumps(to_dict(cfg))
+
+
+def _positive(errors, where, value, allow_zero=False):
+    if not (value > 0 or (allow_zero and value == 0)) or (isinstance(value, float) and math.isnan(value)):
+        errors.append(f"{where} must be {'≥ 0' if allow_zero else '> 0'} (got {value})")
+
+
+def _unit(errors, where, value):
+    if not 0.0 <= value <= 1.0:
+        errors.append(f"{where} must be within [0, 1] (got {value})")
+
+
+def validate(cfg: Config) -> list[str]:
+    """Every value error in ``cfg``; an empty list means the config is usable."""
+    e: list[str] = []
+    _positive(e, "run.minutes", cfg.run.minutes, allow_zero=True)
+    _positive(e, "run.updates", cfg.run.updates, allow_zero=True)
+    _unit(e, "run.target_win_rate", cfg.run.target_win_rate)
+    _positive(e, "run.num_workers", cfg.run.num_workers, allow_zero=True)
+    if not cfg.run.name or "/" in cfg.run.name:
+        e.append(f"run.name must be a non-empty name without '/' (got {cfg.run.name!r})")
+    if not cfg.env.name:
+        e.append("env.name must name a game")
+    _positive(e, "env.num_games", cfg.env.num_games)
+    for key in ("hidden", "encoder_layers", "lstm"):
+        _positive(e, f"model.{key}", getattr(cfg.model, key))
+    p = cfg.ppo
+    _positive(e, "ppo.lr", p.lr)
+    _positive(e, "ppo.clip", p.clip)
+    _unit(e, "ppo.gae_lambda", p.gae_lambda)
+    _positive(e, "ppo.horizon_s", p.horizon_s)
+    _positive(e, "ppo.value_coef", p.value_coef, allow_zero=True)
+    _positive(e, "ppo.entropy_coef", p.entropy_coef, allow_zero=True)
+    _positive(e, "ppo.entropy_anneal_updates", p.entropy_anneal_updates, allow_zero=True)
+    _positive(e, "ppo.max_grad_norm", p.max_grad_norm)
+    for key in ("adam_beta1", "adam_beta2"):
+        value = getattr(p, key)
+        if not 0.0 <= value < 1.0:
+            e.append(f"ppo.{key} must be within [0, 1) (got {value})")
+    _positive(e, "ppo.adam_eps", p.adam_eps)
+    _unit(e, "ppo.team_spirit", p.team_spirit)
+    _positive(e, "ppo.obs_clip", p.obs_clip)
+    r = cfg.rollout
+    _positive(e, "rollout.bptt", r.bptt)
+    _positive(e, "rollout.samples_per_segment", r.samples_per_segment)
+    _positive(e, "rollout.upload_interval_s", r.upload_interval_s)
+    _positive(e, "rollout.param_poll_s", r.param_poll_s)
+    _positive(e, "rollout.max_backlog", r.max_backlog)
+    _positive(e, "rollout.torch_threads", r.torch_threads)
+    o = cfg.optimizer
+    _positive(e, "optimizer.batch_samples", o.batch_samples)
+    _positive(e, "optimizer.microbatch_samples", o.microbatch_samples, allow_zero=True)
+    if o.microbatch_samples and o.batch_samples % o.microbatch_samples:
+        e.append(f"optimizer.batch_samples ({o.batch_samples}) must be a multiple of "
+                 f"optimizer.microbatch_samples ({o.microbatch_samples})")
+    if o.buffer_samples < o.batch_samples:
+        e.append(f"optimizer.buffer_samples ({o.buffer_samples}) must be ≥ batch_samples ({o.batch_samples})")
+    _positive(e, "optimizer.max_staleness", o.max_staleness, allow_zero=True)
+    _positive(e, "optimizer.max_reuse", o.max_reuse)
+    _positive(e, "optimizer.publish_every", o.publish_every)
+    _positive(e, "optimizer.checkpoint_every", o.checkpoint_every)
+    _positive(e, "optimizer.keep_checkpoints", o.keep_checkpoints)
+    _positive(e, "optimizer.poll_s", o.poll_s)
+    if o.device not in ("auto", "cpu", "cuda"):
+        e.append(f"optimizer.device must be 'auto', 'cpu' or 'cuda' (got {o.device!r})")
+    _positive(e, "optimizer.torch_threads", o.torch_threads)
+    lg = cfg.league
+    _positive(e, "league.snapshot_every", lg.snapshot_every, allow_zero=True)
+    _unit(e, "league.latest_prob", lg.latest_prob)
+    _unit(e, "league.bot_prob", lg.bot_prob)
+    if lg.latest_prob + lg.bot_prob > 1.0:
+        e.append("league.latest_prob + league.bot_prob must be ≤ 1")
+    _positive(e, "league.eta", lg.eta)
+    if lg.scheme not in ("openai_five", "pfsp"):
+        e.append(f"league.scheme must be 'openai_five' or 'pfsp' (got {lg.scheme!r})")
+    _positive(e, "league.pfsp_power", lg.pfsp_power, allow_zero=True)
+    _positive(e, "league.refresh_s", lg.refresh_s)
+    _positive(e, "eval.interval_s", cfg.eval.interval_s, allow_zero=True)
+    _positive(e, "eval.games", cfg.eval.games)
+    _positive(e, "store.max_attempts", cfg.store.max_attempts)
+    _positive(e, "store.retention_s", cfg.store.retention_s, allow_zero=True)
+    if not 0 <= cfg.metrics.base_port < 65536:
+        e.append(f"metrics.base_port must be within [0, 65535] (got {cfg.metrics.base_port})")
+    return e

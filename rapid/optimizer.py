@@ -1,0 +1,173 @@
+"""The optimizer role: experience in, published parameter versions out (SPEC §3).
+
+All the wiring of one optimizer rank, top to bottom, is :func:`run_optimizer`. With several ranks every
+rank runs it in lock step; only rank 0 publishes, checkpoints and logs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rapid.checkpoint import Checkpoint, load_latest_checkpoint, save_checkpoint
+from rapid.config import Config
+from rapid.errors import UsageError
+from rapid.experience import Shape
+from rapid.loader import ExperienceLoader
+from rapid.opt.buffer import ExperienceBuffer
+from rapid.opt.learner import Learner, LearnerSettings
+from rapid.params import ParameterStore
+from rapid.runtime import JsonlLog, StopFlag, build_policy, env_spec, open_run_store, setup_logging
+
+
+@dataclass
+class RankInfo:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+
+def learner_settings(cfg: Config) -> LearnerSettings:
+    p = cfg.ppo
+    return LearnerSettings(lr=p.lr, clip=p.clip, value_coef=p.value_coef, entropy_coef=p.entropy_coef,
+                           entropy_final=p.entropy_final, entropy_anneal_updates=p.entropy_anneal_updates,
+                           max_grad_norm=p.max_grad_norm, betas=(p.adam_beta1, p.adam_beta2), eps=p.adam_eps,
+                           microbatch=cfg.optimizer.microbatch_samples, normalize_returns=p.normalize_returns)
+
+
+def pick_device(cfg: Config, local_rank: int) -> torch.device:
+    wanted = cfg.optimizer.device
+    if wanted == "cuda" or (wanted == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise UsageError("optimizer.device='cuda' but CUDA is not available")
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def summarize_episodes(episodes: list[dict]) -> dict[str, float]:
+    """Win rates of the learner by opponent kind, and mean game length/return."""
+    out: dict[str, float] = {}
+    if not episodes:
+        return out
+    out["episodes"] = float(len(episodes))
+    out["episode_length"] = float(np.mean([e["length"] for e in episodes]))
+    out["episode_return"] = float(np.mean([e["learner_return"] for e in episodes]))
+    for kind, match in (("latest", lambda o: o == "latest"), ("pool", lambda o: o.startswith("snap")),
+                        ("bots", lambda o: o.startswith("bot:"))):
+        games = [e for e in episodes if match(e["opponent"])]
+        if games:
+            score = [1.0 if e["winner"] == "learner" else 0.5 if e["winner"] == "draw" else 0.0 for e in games]
+            out[f"win_rate_{kind}"] = float(np.mean(score))
+    return out
+
+
+class StopAgreement:
+    """Every rank must leave the update loop on the same iteration, or the others hang in a collective."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    def any(self, local_stop: bool) -> bool:
+        if self.ctx is None:
+            return local_stop
+        return self.ctx.all_reduce_scalars({"stop": float(local_stop)})["stop"] > 0.0
+
+
+def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo(), ctx=None,
+                  stop: StopFlag | None = None) -> int:
+    log = setup_logging(f"optimizer-{rank.rank}")
+    stop = stop or StopFlag()
+    torch.set_num_threads(cfg.optimizer.torch_threads)
+    torch.manual_seed(cfg.run.seed)
+    lead = rank.rank == 0
+    derived = cfg.derive()
+    store = open_run_store(cfg)
+    params = ParameterStore(store)
+    spec = env_spec(cfg)
+    policy = build_policy(cfg, spec)
+    device = pick_device(cfg, rank.local_rank)
+    learner = Learner(policy, learner_settings(cfg), device,
+                      all_reduce=ctx.all_reduce_gradients if ctx else None,
+                      all_reduce_scalars=ctx.all_reduce_scalars if ctx else None)
+
+    # Where this run stands: a fresh start publishes version 0; a resume continues after the newest of
+    # the checkpoint and the published versions, so no version number is ever used twice.
+    version, updates = 0, 0
+    latest = params.latest_version()
+    if resume:
+        ckpt = load_latest_checkpoint(store)
+        if ckpt is None:
+            raise UsageError(f"--resume: no checkpoint in {store.describe()}")
+        policy.load_tensors(ckpt.model)
+        learner.adam.load_state_dict(ckpt.adam_state())
+        learner.updates = ckpt.updates
+        version, updates = max(ckpt.version, latest or 0), ckpt.updates
+        log.info("resumed from checkpoint v%d (update %d); next version %d", ckpt.version, updates, version + 1)
+    elif latest is not None:
+        raise UsageError(f"{store.describe()} already holds published parameters; use --resume or a new run dir")
+    if ctx is not None:
+        ctx.broadcast_parameters(policy, src=0)
+    if lead and not resume:
+        params.publish(version, policy.tensors(), {"updates": updates, "env": cfg.env.name})
+
+    shape = Shape(bptt=cfg.rollout.bptt, obs_dim=spec.obs_dim, mask_dim=spec.mask_dim,
+                  heads=len(spec.action_heads), lstm=cfg.model.lstm)
+    buffer = ExperienceBuffer(cfg.optimizer.buffer_samples, cfg.optimizer.max_staleness)
+    loader = ExperienceLoader(store, shape, buffer, rank.rank, rank.world, cfg.optimizer.poll_s,
+                              cfg.store.retention_s)
+    loader.start()
+    oplog = JsonlLog(f"{derived.run_dir}/logs/optimizer.jsonl") if lead else None
+    agree = StopAgreement(ctx)
+    rng = np.random.default_rng(cfg.run.seed + 7919 * rank.rank)
+    started = time.time()
+    last_ckpt_updates = updates
+    try:
+        while True:
+            batch = None
+            while batch is None and not stop:
+                batch = buffer.sample(cfg.optimizer.batch_samples, version, rng, cfg.optimizer.max_reuse, timeout=0.5)
+            if cfg.run.updates and updates >= cfg.run.updates:
+                stop.set("updates")
+            if cfg.run.minutes and time.time() - started >= 60 * cfg.run.minutes:
+                stop.set("minutes")
+            if agree.any(bool(stop)):
+                break
+            arrays, staleness = batch
+            stats = learner.update(arrays)
+            if stats["skipped"]:
+                log.warning("non-finite loss or gradients: update skipped (%d so far)", learner.skipped)
+                continue
+            updates += 1
+            if updates % cfg.optimizer.publish_every == 0:
+                version += 1
+                if lead:
+                    params.publish(version, policy.tensors(), {"updates": updates})
+            if lead and updates - last_ckpt_updates >= cfg.optimizer.checkpoint_every:
+                _checkpoint(store, cfg, learner, version, updates)
+                last_ckpt_updates = updates
+            if oplog:
+                b = buffer.stats()
+                oplog.write({"update": updates, "version": version, **stats,
+                             "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
+                             "sample_reuse": b.reuse, "samples_received": b.received,
+                             "samples_consumed": b.consumed, "samples_dropped_stale": b.dropped_stale,
+                             "buffer_size": b.size, "env_steps": loader.stats.env_steps,
+                             "bad_objects": loader.stats.bad_objects, "skipped_updates": learner.skipped,
+                             "elapsed_s": time.time() - started, **summarize_episodes(loader.take_episodes())})
+    finally:
+        loader.stop()
+        if lead:
+            _checkpoint(store, cfg, learner, version, updates)
+            log.info("stopped (%s) at version %d after %d updates; final checkpoint written",
+                     stop.reason or "done", version, updates)
+        if oplog:
+            oplog.close()
+    return 0
+
+
+def _checkpoint(store, cfg: Config, learner: Learner, version: int, updates: int) -> None:
+    ckpt = Checkpoint.from_torch(version, updates, learner.policy.tensors(), learner.adam.state_dict())
+    save_checkpoint(store, ckpt, cfg.optimizer.keep_checkpoints)

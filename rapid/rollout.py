@@ -1,0 +1,204 @@
+"""The rollout worker: plays B games with the latest policy against sampled opponents and turns the
+learner's experience into samples (SPEC §3).
+
+Usage::
+
+    worker = RolloutWorker(env, policy, settings, opponents, seed)
+    worker.set_params(version, tensors)
+    while running:
+        segment = worker.collect()          # samples of bptt steps, GAE done, stamped with version
+        uploader.add(segment)
+
+An opponent is fixed for a whole game and its LSTM state starts at zero with the game; the learner's
+side is drawn per game so a policy learns both sides of asymmetric games.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from rapid.envs.base import ScriptedBot, StepResult, VecMultiAgentEnv
+from rapid.opt import losses
+from rapid.opt.model import Policy
+
+LATEST = "latest"
+
+
+@dataclass
+class RolloutSettings:
+    bptt: int
+    segment_steps: int
+    gamma: float
+    gae_lambda: float
+    team_spirit: float
+    zero_sum: bool
+
+
+@dataclass
+class Opponent:
+    """Who plays the other side of a game: the latest policy itself, a past policy, or a bot."""
+
+    id: str
+    policy: Policy | None = None
+    bot: ScriptedBot | None = None
+
+
+class OpponentSource(Protocol):
+    def choose(self, rng: np.random.Generator) -> Opponent:
+        """The opponent for one new game."""
+
+
+class SelfPlay:
+    """Every game against the latest policy."""
+
+    def choose(self, rng: np.random.Generator) -> Opponent:
+        return Opponent(LATEST)
+
+
+@dataclass
+class Segment:
+    arrays: dict[str, np.ndarray]
+    opponents: list[str]
+    episodes: list[dict] = field(default_factory=list)
+    env_steps: int = 0
+
+
+class RolloutWorker:
+    def __init__(self, env: VecMultiAgentEnv, policy: Policy, settings: RolloutSettings,
+                 opponents: OpponentSource | None = None, seed: int = 0):
+        self.env, self.policy, self.settings = env, policy, settings
+        self.opponents = opponents or SelfPlay()
+        self.rng = np.random.default_rng(seed)
+        spec = env.spec
+        self.B, self.A = env.num_games, spec.num_agents
+        self.sides = np.asarray(spec.side_of_agent)
+        self.version = -1
+        self.step_result: StepResult = env.reset(seed=seed)
+        self.state = policy.initial_state(self.B * self.A)
+        self.first = np.ones(self.B, dtype=bool)
+        self.learner_side = self.rng.integers(0, 2, self.B)
+        self.game_opponent = [self.opponents.choose(self.rng) for _ in range(self.B)]
+
+    def set_params(self, version: int, tensors: dict[str, np.ndarray]) -> None:
+        self.policy.load_tensors(tensors)
+        self.version = version
+
+    def _owners(self) -> np.ndarray:
+        """bool [B, A]: agents the learner's policy controls this step."""
+        vs_latest = np.array([o.id == LATEST for o in self.game_opponent])
+        return (self.sides[None, :] == self.learner_side[:, None]) | vs_latest[:, None]
+
+    def _act(self, step: StepResult, own: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        B, A = self.B, self.A
+        H = len(self.env.spec.action_heads)
+        obs = torch.from_numpy(step.obs.reshape(B * A, -1))
+        mask = torch.from_numpy(step.action_mask.reshape(B * A, -1))
+        actions = np.zeros((B * A, H), dtype=np.int64)
+        logp = np.zeros(B * A, dtype=np.float32)
+        value = np.zeros(B * A, dtype=np.float32)
+        h, c = self.state
+        groups: dict[int, tuple[Opponent | None, list[int]]] = {}
+        own_rows = np.flatnonzero(own.ravel())
+        groups[-1] = (None, own_rows)
+        for b, opp in enumerate(self.game_opponent):
+            if opp.id != LATEST:
+                rows = [b * A + a for a in range(A) if not own[b, a]]
+                groups.setdefault(id(opp), (opp, []))[1].extend(rows)
+        bot_actions: dict[int, np.ndarray] = {}
+        for key, (opp, rows) in groups.items():
+            rows = torch.as_tensor(np.asarray(rows, dtype=np.int64))
+            if rows.numel() == 0:
+                continue
+            if opp is not None and opp.bot is not None:
+                if key not in bot_actions:
+                    bot_actions[key] = opp.bot.act(step).reshape(B * A, H)
+                actions[rows.numpy()] = bot_actions[key][rows.numpy()]
+                continue
+            net = self.policy if opp is None else opp.policy
+            out = net.act(obs[rows], mask[rows], (h[rows], c[rows]))
+            idx = rows.numpy()
+            actions[idx] = out.actions.numpy()
+            h[rows], c[rows] = out.state
+            if opp is None:
+                logp[idx] = out.logp.numpy()
+                value[idx] = out.value.numpy()
+        return actions, logp, value
+
+    def _game_over(self, b: int, ep, episodes: list[dict]) -> None:
+        opp = self.game_opponent[b]
+        side = int(self.learner_side[b])
+        winner = "draw" if ep.winner < 0 else ("learner" if ep.winner == side else "opponent")
+        episodes.append({"learner_version": int(self.version), "opponent": opp.id, "learner_side": side,
+                         "winner": winner, "length": int(ep.length),
+                         "learner_return": float(ep.side_returns[side])})
+        self.learner_side[b] = self.rng.integers(0, 2)
+        self.game_opponent[b] = self.opponents.choose(self.rng)
+        rows = slice(b * self.A, (b + 1) * self.A)
+        self.state[0][rows] = 0.0
+        self.state[1][rows] = 0.0
+
+    def collect(self) -> Segment:
+        """Play ``segment_steps`` steps and return the learner's samples with advantages and returns."""
+        s = self.settings
+        T, R, T_b = s.segment_steps, self.B * self.A, s.bptt
+        rec = {name: [] for name in ("obs", "mask", "actions", "logp", "values", "rewards", "dones", "active",
+                                     "own", "first")}
+        h0, c0, opp_at_start = [], [], []
+        episodes: list[dict] = []
+        for t in range(T):
+            step = self.step_result
+            if t % T_b == 0:
+                h0.append(self.state[0].clone().numpy())
+                c0.append(self.state[1].clone().numpy())
+                opp_at_start.append([o.id for o in self.game_opponent])
+            own = self._owners()
+            actions, logp, value = self._act(step, own)
+            nxt = self.env.step(actions.reshape(self.B, self.A, -1))
+            rewards = losses.mix_rewards(nxt.rewards, self.sides, s.team_spirit, s.zero_sum)
+            for name, val in (("obs", step.obs.reshape(R, -1)), ("mask", step.action_mask.reshape(R, -1)),
+                              ("actions", actions), ("logp", logp), ("values", value),
+                              ("rewards", rewards.reshape(R)), ("dones", np.repeat(nxt.done, self.A)),
+                              ("active", step.active.reshape(R)), ("own", own.reshape(R)),
+                              ("first", np.repeat(self.first, self.A))):
+                rec[name].append(val)
+            for ep in nxt.episodes:
+                self._game_over(ep.game, ep, episodes)
+            self.first = nxt.done.copy()
+            self.step_result = nxt
+        last_obs = torch.from_numpy(self.step_result.obs.reshape(R, -1))
+        last_value = self.policy.value(last_obs, self.state).numpy()
+        seg = {k: np.stack(v) for k, v in rec.items()}
+        # A row's bootstrap only counts if the learner still controls it after the segment.
+        last_value = last_value * self._owners().reshape(R)
+        adv, ret = losses.gae(seg["rewards"], seg["values"], seg["dones"], last_value, s.gamma, s.gae_lambda)
+        seg["advantages"], seg["returns"] = adv, ret
+        return self._cut(seg, np.stack(h0), np.stack(c0), opp_at_start, episodes, T * R)
+
+    def _cut(self, seg, h0, c0, opp_at_start, episodes, env_steps) -> Segment:
+        """[T, R, ...] segment arrays → samples [n·R, bptt, ...], keeping those the learner played."""
+        T_b = self.settings.bptt
+        T, R = seg["rewards"].shape
+        n = T // T_b
+
+        def chunks(x: np.ndarray) -> np.ndarray:
+            x = x.reshape(n, T_b, R, *x.shape[2:])
+            return np.moveaxis(x, 2, 1).reshape(n * R, T_b, *x.shape[3:])
+
+        names = ("obs", "mask", "actions", "logp", "values", "advantages", "returns", "active", "own", "first")
+        arrays = {k: chunks(seg[k]) for k in names}
+        arrays["active"] = arrays["active"] & arrays["own"]
+        arrays["h0"] = h0.reshape(n * R, -1)
+        arrays["c0"] = c0.reshape(n * R, -1)
+        ids = sorted({o for row in opp_at_start for o in row})
+        per_game = np.array([[ids.index(o) for o in row] for row in opp_at_start], dtype=np.int32)
+        arrays["opponent"] = np.repeat(per_game, self.A, axis=1).reshape(n * R)
+        arrays["version"] = np.full(n * R, self.version, dtype=np.int64)
+        keep = arrays["own"].any(1)
+        arrays = {k: np.ascontiguousarray(v[keep]) for k, v in arrays.items()}
+        for k in ("obs", "logp", "values", "advantages", "returns", "h0", "c0"):
+            arrays[k] = arrays[k].astype(np.float32, copy=False)
+        return Segment(arrays, ids, episodes, env_steps)

@@ -1,0 +1,96 @@
+"""The rollout role: all the wiring of one rollout worker process, top to bottom (SPEC §3).
+
+Rollout workers use no collectives: one dying or joining late disturbs nobody. Identity comes from the
+config (``rollout.worker_id``), else the MPI rank when started by mpiexec, else the process id.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from rapid.config import Config
+from rapid.envs.registry import make_env
+from rapid.errors import FormatError
+from rapid.infra.store import KeyNotFound, StoreError
+from rapid.params import ParameterStore
+from rapid.rollout import RolloutSettings, RolloutWorker
+from rapid.runtime import StopFlag, build_policy, open_run_store, setup_logging
+from rapid.uploader import Uploader
+
+
+def rollout_settings(cfg: Config, seconds_per_step: float) -> RolloutSettings:
+    d = cfg.derive(seconds_per_step)
+    return RolloutSettings(bptt=cfg.rollout.bptt, segment_steps=d.segment_steps, gamma=d.gamma,
+                           gae_lambda=cfg.ppo.gae_lambda, team_spirit=cfg.ppo.team_spirit, zero_sum=cfg.ppo.zero_sum)
+
+
+def _wait_for_params(params: ParameterStore, stop: StopFlag, log) -> int | None:
+    warned = False
+    while not stop:
+        try:
+            version = params.latest_version()
+        except (StoreError, FormatError) as e:
+            version = None
+            log.warning("cannot read the latest parameter version: %s", e)
+        if version is not None:
+            return version
+        if not warned:
+            log.info("waiting for the optimizer to publish parameters…")
+            warned = True
+        stop.wait(1.0)
+    return None
+
+
+def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = None) -> int:
+    log = setup_logging(f"rollout-{worker_id}")
+    stop = stop or StopFlag()
+    torch.set_num_threads(cfg.rollout.torch_threads)
+    torch.manual_seed(seed)
+    store = open_run_store(cfg)
+    params = ParameterStore(store)
+    env = make_env(cfg.env.name, num_games=cfg.env.num_games, seed=seed, options=cfg.env.options)
+    policy = build_policy(cfg, env.spec)
+    worker = RolloutWorker(env, policy, rollout_settings(cfg, env.spec.seconds_per_step), seed=seed)
+    uploader = Uploader(store, worker_id, cfg.rollout.upload_interval_s, cfg.rollout.max_backlog)
+
+    version = _wait_for_params(params, stop, log)
+    if version is None:
+        return 0
+    worker.set_params(version, params.fetch(version).tensors)
+    uploader.start()
+    log.info("worker %s started: %d games of %s, params v%d, store %s", worker_id, env.num_games,
+             cfg.env.name, version, store.describe())
+    last_poll = time.monotonic()
+    try:
+        while not stop:
+            uploader.add(worker.collect())
+            if time.monotonic() - last_poll >= cfg.rollout.param_poll_s:
+                last_poll = time.monotonic()
+                _refresh_params(worker, params, log)
+    finally:
+        uploader.stop()
+        env.close()
+        s = uploader.stats
+        log.info("worker %s stopped: %d objects, %d samples uploaded, %d dropped, %d failures", worker_id,
+                 s.objects, s.samples, s.dropped_samples, s.failures)
+    return 0
+
+
+def _refresh_params(worker: RolloutWorker, params: ParameterStore, log) -> None:
+    """Swap in a newer version between segments; a store hiccup keeps the current one."""
+    try:
+        latest = params.latest_version()
+        if latest is not None and latest > worker.version:
+            worker.set_params(latest, params.fetch(latest).tensors)
+    except (StoreError, KeyNotFound, FormatError) as e:
+        log.warning("parameter refresh failed, keeping v%d: %s", worker.version, e)
+
+
+def default_worker_id() -> str:
+    for var in ("RAPID_WORKER_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        if os.environ.get(var):
+            return f"w{os.environ[var]}"
+    return f"w{os.getpid()}"

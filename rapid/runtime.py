@@ -1,0 +1,109 @@
+"""What every role needs at start-up: the run's store, the env's spec, a policy, stop signals, logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from rapid.config import Config
+from rapid.envs.base import EnvSpec
+from rapid.envs.registry import make_env
+from rapid.errors import UsageError
+from rapid.infra.store import InvalidKey, Store, StoreError, open_store
+
+
+def open_run_store(cfg: Config) -> Store:
+    url = cfg.derive().store_url
+    options = {}
+    if url.startswith("s3://"):
+        options = {"endpoint_url": cfg.store.endpoint_url or None, "region": cfg.store.region or None,
+                   "max_attempts": cfg.store.max_attempts}
+    try:
+        return open_store(url, **options)
+    except (InvalidKey, StoreError, OSError) as e:
+        raise UsageError(f"cannot open store {url}: {e}") from None
+
+
+def env_spec(cfg: Config) -> EnvSpec:
+    """The env's static shape, from one throw-away game."""
+    try:
+        env = make_env(cfg.env.name, num_games=1, seed=0, options=cfg.env.options)
+    except (ValueError, TypeError, ImportError) as e:
+        raise UsageError(f"env.name={cfg.env.name!r}: {e}") from None
+    spec = env.spec
+    env.close()
+    return spec
+
+
+def build_policy(cfg: Config, spec: EnvSpec):
+    from rapid.opt.model import Policy
+
+    return Policy(spec.obs_dim, spec.action_heads, hidden=cfg.model.hidden, encoder_layers=cfg.model.encoder_layers,
+                  lstm=cfg.model.lstm, obs_clip=cfg.ppo.obs_clip)
+
+
+class StopFlag:
+    """Set by SIGINT or SIGTERM (or by code); roles check it between units of work."""
+
+    def __init__(self, install_signals: bool = True):
+        self.event = threading.Event()
+        self.reason = ""
+        if install_signals and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._on_signal)
+            signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.set(signal.Signals(signum).name)
+
+    def set(self, reason: str) -> None:
+        if not self.event.is_set():
+            self.reason = reason
+            self.event.set()
+
+    def __bool__(self) -> bool:
+        return self.event.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        return self.event.wait(seconds)
+
+
+def setup_logging(role: str) -> logging.Logger:
+    logging.basicConfig(level=os.environ.get("RAPID_LOG_LEVEL", "INFO"),
+                        format=f"%(asctime)s {role} %(levelname)s %(message)s", stream=sys.stderr)
+    return logging.getLogger(f"rapid.{role}")
+
+
+class JsonlLog:
+    """Appends one JSON object per line: the run's own record, read by progress, report and tests."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", buffering=1)
+
+    def write(self, record: dict) -> None:
+        self._file.write(json.dumps({"time": time.time(), **record}) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Every complete record of a JSON-lines log (a half-written last line is skipped)."""
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    except FileNotFoundError:
+        pass
+    return out
