@@ -1,0 +1,228 @@
+"""The LSTM policy: acting and training paths agree, masks are honoured, normalizers and parameter I/O."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rapid.opt.model import Policy, RunningNorm
+
+torch.set_num_threads(1)
+
+OBS, HEADS, LSTM = 6, (3, 4), 8
+
+
+def make_policy(seed=0, **kw) -> Policy:
+    torch.manual_seed(seed)
+    p = Policy(OBS, HEADS, hidden=16, encoder_layers=2, lstm=LSTM, **kw)
+    # Make the logits non-trivial (the default init is nearly uniform) and normalizers non-identity.
+    with torch.no_grad():
+        p.logits.weight.normal_(0, 1.0)
+        p.logits.bias.normal_(0, 0.5)
+        p.obs_norm.mean.copy_(torch.linspace(-1, 1, OBS, dtype=torch.float64))
+        p.obs_norm.var.copy_(torch.linspace(0.5, 2, OBS, dtype=torch.float64))
+        p.return_scale.fill_(2.5)
+    return p
+
+
+def random_mask(rng, n):
+    mask = np.zeros((n, sum(HEADS)), bool)
+    off = 0
+    for k in HEADS:
+        m = rng.random((n, k)) < 0.6
+        m[np.arange(n), rng.integers(0, k, n)] = True  # at least one allowed per head
+        mask[:, off:off + k] = m
+        off += k
+    return mask
+
+
+def test_evaluate_reproduces_act_with_game_start_inside_sample():
+    rng = np.random.default_rng(0)
+    policy = make_policy()
+    S, T = 5, 7
+    obs = torch.from_numpy(rng.normal(size=(S, T, OBS)).astype(np.float32) * 2)
+    mask = torch.from_numpy(np.stack([random_mask(rng, S) for _ in range(T)], 1))
+    first = torch.zeros(S, T, dtype=torch.bool)
+    first[0, 0] = True       # the sample starts a game
+    first[1, 3] = True       # a game starts mid-sample
+    first[2, 2] = first[2, 5] = True
+    # A non-zero starting state, as a sample that continues a game carries.
+    h0 = torch.from_numpy(rng.normal(size=(S, LSTM)).astype(np.float32))
+    c0 = torch.from_numpy(rng.normal(size=(S, LSTM)).astype(np.float32))
+    h0[0] = 0.0  # a game start has zero state (the worker stores what it used)
+    c0[0] = 0.0
+
+    state = (h0.clone(), c0.clone())
+    acts, logps, vals = [], [], []
+    for t in range(T):
+        h, c = state
+        zero = first[:, t]
+        h, c = h.clone(), c.clone()
+        h[zero] = 0.0  # what the worker does at a game start
+        c[zero] = 0.0
+        out = policy.act(obs[:, t], mask[:, t], (h, c))
+        acts.append(out.actions)
+        logps.append(out.logp)
+        vals.append(out.value)
+        state = out.state
+    actions = torch.stack(acts, 1)
+    act_logp = torch.stack(logps, 1)
+    act_value = torch.stack(vals, 1)
+
+    logp, entropy, value = policy.evaluate(obs, mask, actions, h0, c0, first)
+    assert logp.shape == entropy.shape == value.shape == (S, T)
+    torch.testing.assert_close(logp, act_logp, rtol=1e-5, atol=1e-5)
+    # evaluate gives normalized values; act gives them in return units (× return_scale)
+    torch.testing.assert_close(value * 2.5, act_value, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(value, act_value)  # the scale really differs
+    assert (entropy > 0).all()
+    # evaluate must differentiate
+    (logp.sum() + value.sum()).backward()
+    assert policy.logits.weight.grad is not None and policy.lstm.weight_hh.grad.abs().sum() > 0
+
+    # Ignoring `first` (not zeroing the state) would give different log-probs for row 1 after t=3:
+    logp_nofirst, _, _ = policy.evaluate(obs, mask, actions, h0, c0, torch.zeros_like(first))
+    assert not torch.allclose(logp_nofirst[1, 3:], act_logp[1, 3:], atol=1e-5)
+    torch.testing.assert_close(logp_nofirst[1, :3], act_logp[1, :3], rtol=1e-5, atol=1e-5)
+
+
+def test_masked_actions_never_sampled():
+    rng = np.random.default_rng(1)
+    policy = make_policy(1)
+    n = 64
+    mask_np = random_mask(rng, n)
+    mask = torch.from_numpy(mask_np)
+    obs = torch.from_numpy(rng.normal(size=(n, OBS)).astype(np.float32))
+    state = policy.initial_state(n)
+    seen = np.zeros_like(mask_np)
+    for _ in range(300):
+        out = policy.act(obs, mask, state)
+        off = 0
+        for h, k in enumerate(HEADS):
+            a = out.actions[:, h].numpy()
+            assert ((0 <= a) & (a < k)).all()
+            assert mask_np[np.arange(n), off + a].all(), "a forbidden action was sampled"
+            seen[np.arange(n), off + a] = True
+            off += k
+        assert torch.isfinite(out.logp).all()
+    # the draws are random, not always the same allowed action
+    assert seen.sum() > n * len(HEADS) * 1.5
+    greedy = policy.act(obs, mask, state, greedy=True).actions
+    off = 0
+    for h, k in enumerate(HEADS):
+        assert mask_np[np.arange(n), off + greedy[:, h].numpy()].all()
+        off += k
+
+
+def test_entropy_of_uniform_masked_heads_is_log_allowed():
+    policy = make_policy(2)
+    with torch.no_grad():
+        policy.logits.weight.zero_()
+        policy.logits.bias.zero_()
+    rng = np.random.default_rng(2)
+    S, T = 4, 3
+    mask_np = np.stack([random_mask(rng, S) for _ in range(T)], 1)
+    mask = torch.from_numpy(mask_np)
+    obs = torch.from_numpy(rng.normal(size=(S, T, OBS)).astype(np.float32))
+    actions = torch.zeros(S, T, len(HEADS), dtype=torch.int64)
+    off = 0
+    for h, k in enumerate(HEADS):  # pick the first allowed action of each head
+        actions[..., h] = torch.from_numpy(mask_np[..., off:off + k].argmax(-1))
+        off += k
+    zeros = torch.zeros(S, LSTM)
+    logp, entropy, _ = policy.evaluate(obs, mask, actions, zeros, zeros, torch.zeros(S, T, dtype=torch.bool))
+    n1 = mask_np[..., :3].sum(-1)
+    n2 = mask_np[..., 3:].sum(-1)
+    np.testing.assert_allclose(entropy.detach().numpy(), np.log(n1) + np.log(n2), rtol=1e-5)
+    np.testing.assert_allclose(logp.detach().numpy(), -np.log(n1) - np.log(n2), rtol=1e-5)
+
+
+def test_running_norm_matches_numpy_over_several_updates():
+    rng = np.random.default_rng(3)
+    norm = RunningNorm(4, clip=5.0)
+    seen = []
+    for i, n in enumerate([7, 100, 1, 33, 250]):
+        x = rng.normal(loc=[1, -2, 10, 0], scale=[1, 3, 0.1, 5], size=(n, 4))
+        seen.append(x)
+        norm.update(torch.from_numpy(x))
+        allx = np.concatenate(seen)
+        # Exact: the data pooled with the initial pseudo-observation (mean 0, var 1, weight 1e-4).
+        n0, N = 1e-4, allx.shape[0]
+        m, v = allx.mean(0), allx.var(0)
+        ref_mean = N * m / (N + n0)
+        ref_var = (n0 * 1.0 + N * v + m**2 * n0 * N / (N + n0)) / (N + n0)
+        np.testing.assert_allclose(norm.mean.numpy(), ref_mean, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(norm.var.numpy(), ref_var, rtol=1e-9, atol=1e-12)
+        # ... which is numpy's mean/var up to that tiny prior
+        np.testing.assert_allclose(norm.mean.numpy(), m, rtol=1e-4, atol=1e-4)
+        if N > 100:
+            np.testing.assert_allclose(norm.var.numpy(), v, rtol=1e-3, atol=2e-4)
+    assert float(norm.count) == pytest.approx(391, abs=1e-3)
+    # forward: clipped z-score
+    x = torch.tensor([[1.0, -2.0, 10.0, 1e6]])
+    z = norm(x)
+    mean, std = norm.mean.float(), norm.var.float().sqrt()
+    expected = ((x - mean) / (std + 1e-8)).clamp(-5, 5)
+    torch.testing.assert_close(z, expected)
+    assert float(z[0, 3]) == 5.0
+    # leading dimensions are flattened ([S, T, D])
+    norm2 = RunningNorm(4, clip=5.0)
+    x3 = rng.normal(size=(3, 5, 4))
+    norm2.update(torch.from_numpy(x3))
+    np.testing.assert_allclose(norm2.mean.numpy(), x3.reshape(-1, 4).mean(0), rtol=1e-4, atol=1e-4)
+
+
+def test_tensors_round_trip_and_mismatches():
+    src = make_policy(4)
+    with torch.no_grad():
+        src.obs_norm.count.fill_(123.0)
+    tensors = src.tensors()
+    assert all(isinstance(v, np.ndarray) for v in tensors.values())
+    assert {"return_scale", "obs_norm.mean", "obs_norm.var", "obs_norm.count"} <= set(tensors)
+    # tensors() is a copy, not a view of live weights
+    tensors["logits.bias"][:] = 99.0
+    assert not torch.all(src.logits.bias == 99.0)
+    tensors = src.tensors()
+
+    dst = Policy(OBS, HEADS, hidden=16, encoder_layers=2, lstm=LSTM)
+    dst.load_tensors(tensors)
+    for k, v in dst.tensors().items():
+        np.testing.assert_array_equal(v, tensors[k])
+        assert v.dtype == tensors[k].dtype
+    rng = np.random.default_rng(4)
+    obs = torch.from_numpy(rng.normal(size=(10, OBS)).astype(np.float32))
+    mask = torch.ones(10, sum(HEADS), dtype=torch.bool)
+    torch.testing.assert_close(src.value(obs, src.initial_state(10)), dst.value(obs, dst.initial_state(10)))
+
+    bad = dict(tensors)
+    bad["logits.weight"] = np.zeros((1, 1), np.float32)
+    with pytest.raises(ValueError, match="logits.weight"):
+        dst.load_tensors(bad)
+    missing = dict(tensors)
+    del missing["value_head.bias"]
+    with pytest.raises(ValueError):
+        dst.load_tensors(missing)
+    extra = dict(tensors, bogus=np.zeros(1, np.float32))
+    with pytest.raises(ValueError):
+        dst.load_tensors(extra)
+    # a model of another size rejects these parameters
+    other = Policy(OBS, HEADS, hidden=32, encoder_layers=2, lstm=LSTM)
+    with pytest.raises(ValueError):
+        other.load_tensors(tensors)
+    del mask
+
+
+def test_act_state_advances_and_value_does_not():
+    policy = make_policy(5)
+    obs = torch.randn(3, OBS)
+    mask = torch.ones(3, sum(HEADS), dtype=torch.bool)
+    state = policy.initial_state(3)
+    out = policy.act(obs, mask, state)
+    assert out.state[0].shape == (3, LSTM) and not torch.all(out.state[0] == 0)
+    assert torch.all(state[0] == 0)  # the caller's state is not modified in place
+    v = policy.value(obs, state)
+    torch.testing.assert_close(v, out.value)
+    assert math.isfinite(float(v.sum()))
