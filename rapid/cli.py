@@ -1,0 +1,296 @@
+"""The `rapid` command and its role entry points (`rapid-optimizer`, `rapid-rollout`, `rapid-league`).
+
+Bad arguments or configuration print one line and exit with code 2; an unreachable store exits 1 with
+one line; neither dumps a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rapid.errors import FormatError, UsageError
+
+EPILOG = """examples:
+  rapid train                                        # connect-four self-play, runs/run, a few minutes
+  rapid train --config configs/moba-1v1.toml --minutes 20
+  rapid train --run-dir runs/run --resume            # continue a stopped run
+  rapid eval --run-dir runs/run --against random --games 400
+  rapid league ls --run-dir runs/run
+  rapid config show --config configs/moba-1v1.toml --set ppo.lr=1e-4
+  mpiexec -n 4 rapid-optimizer --config run.toml --set store.url=s3://bucket/run
+"""
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", metavar="TOML", help="run config file (default: built-in defaults)")
+    p.add_argument("--set", "-s", metavar="SECTION.KEY=VALUE", action="append", default=[],
+                   help="override one config value, e.g. --set ppo.lr=3e-4 (repeatable)")
+
+
+def _run_dir_arg(p: argparse.ArgumentParser, required: bool = False) -> None:
+    p.add_argument("--run-dir", "-r", metavar="DIR", required=required,
+                   help="run directory (its config.toml and store are used)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rapid", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+        description="Large-batch PPO self-play for competitive multi-agent games, from a laptop to a cluster.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("train", help="train on this machine: optimizer, rollout workers and evaluator as processes")
+    _config_args(p)
+    _run_dir_arg(p)
+    p.add_argument("--minutes", type=float, help="stop after this many minutes (run.minutes)")
+    p.add_argument("--updates", type=int, help="stop after this many optimizer updates (run.updates)")
+    p.add_argument("--workers", type=int, help="rollout worker processes (run.num_workers)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no live progress line")
+
+    p = sub.add_parser("config", help="show the effective configuration")
+    p.add_argument("action", choices=["show"])
+    _config_args(p)
+
+    p = sub.add_parser("eval", help="play a params version against a baseline and print the win rate")
+    _run_dir_arg(p, required=True)
+    p.add_argument("--version", default="latest", help="params version: latest, 12 or v12 (default latest)")
+    p.add_argument("--against", default="random", help="a bot name (random, lane…) or a version (default random)")
+    p.add_argument("--games", type=int, default=200, help="games to play (default 200)")
+    p.add_argument("--seed", type=int, default=12345)
+
+    for role, text in (("optimizer", "an optimizer rank (run under mpiexec for several ranks)"),
+                       ("rollout", "a rollout worker (one per process or MPI rank)"),
+                       ("evaluator", "the evaluator: rates new versions against the baseline")):
+        p = sub.add_parser(role, help=text)
+        _config_args(p)
+        if role == "optimizer":
+            p.add_argument("--resume", action="store_true", help="continue from the store's last checkpoint")
+        if role == "rollout":
+            p.add_argument("--worker-id", help="worker name (default: from MPI rank or process id)")
+            p.add_argument("--seed", type=int, help="worker seed (default: run.seed and the worker's rank)")
+
+    p = sub.add_parser("replay", help="write an animated GIF of one moba match")
+    _run_dir_arg(p)
+    p.add_argument("players", nargs=2, metavar="PLAYER", help="bot name (random, idle, lane) or params version")
+    p.add_argument("--out", default="replay.gif", help="output GIF (default replay.gif)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-steps", type=int)
+
+    p = sub.add_parser("report", help="write PNG plots of a run from its logs")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--out", help="output folder (default RUN_DIR/report)")
+
+    p = sub.add_parser("monitor", help="start a local Prometheus scraping a run's processes")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--port", type=int, default=9090)
+
+    from rapid.league import cli as league_cli
+
+    league = league_cli.build_parser(sub)
+    for action in league._subparsers._group_actions:
+        for command in action.choices.values():
+            _run_dir_arg(command)
+            command.add_argument("--store", help="store URL of the run instead of --run-dir, e.g. s3://bucket/run")
+    return parser
+
+
+def load(args: argparse.Namespace, extra: list[str] = ()):
+    from rapid.config import load_config
+
+    return load_config(getattr(args, "config", None), [*args.set, *extra])
+
+
+def run_dir_config(run_dir: str | None, extra: list[str] = ()):
+    """The config saved in a run directory, with the run directory pinned to where it is now."""
+    from rapid.config import load_config
+
+    if not run_dir:
+        raise UsageError("--run-dir is required")
+    path = Path(run_dir) / "config.toml"
+    if not path.is_file():
+        raise UsageError(f"{run_dir} is not a run directory (no config.toml)")
+    return load_config(path, [f'run.dir="{Path(run_dir).as_posix()}"', *extra])
+
+
+def cmd_train(args) -> int:
+    from rapid.local import run_train
+
+    extra = [f"run.{k}={v}" for k, v in (("minutes", args.minutes), ("updates", args.updates),
+                                         ("num_workers", args.workers)) if v is not None]
+    if args.resume:
+        cfg = run_dir_config(args.run_dir, [*args.set, *extra])
+    else:
+        cfg = load(args, extra + ([f'run.dir="{args.run_dir}"'] if args.run_dir else []))
+    return run_train(cfg, resume=args.resume, show_progress=not args.no_progress)
+
+
+def cmd_config(args) -> int:
+    from rapid.config import to_toml
+
+    sys.stdout.write(to_toml(load(args)))
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from rapid.envs.registry import make_env
+    from rapid.evaluate import batch_size, make_player, play_match
+    from rapid.params import ParameterStore
+    from rapid.runtime import open_run_store
+
+    if args.games < 1:
+        raise UsageError("--games must be at least 1")
+    cfg = run_dir_config(args.run_dir)
+    params = ParameterStore(open_run_store(cfg))
+    env = make_env(cfg.env.name, num_games=batch_size(args.games), seed=args.seed, options=cfg.env.options)
+    a = make_player(args.version, cfg, env, params, seed=args.seed)
+    b = make_player(args.against, cfg, env, params, seed=args.seed + 1)
+    result = play_match(env, a, b, args.games, seed=args.seed)
+    print(result.line(a.name, b.name))
+    return 0
+
+
+def cmd_role(args) -> int:
+    from rapid.infra.distributed import abort_on_error, detect_identity
+
+    identity = detect_identity()
+    with abort_on_error(identity):
+        cfg = load(args)
+        if args.command == "rollout":
+            from rapid.rollout_role import default_worker_id, run_rollout
+
+            worker = args.worker_id or (f"w{identity.rank}" if identity.size > 1 else default_worker_id())
+            seed = args.seed if args.seed is not None else cfg.run.seed * 1000 + identity.rank + 1
+            return run_rollout(cfg, worker, seed)
+        if args.command == "evaluator":
+            from rapid.evaluator import run_evaluator
+
+            return run_evaluator(cfg)
+        from rapid.optimizer import RankInfo, run_optimizer
+
+        rank = RankInfo(identity.rank, identity.size, identity.local_rank)
+        if identity.size == 1:
+            return run_optimizer(cfg, resume=args.resume, rank=rank)
+        from rapid.infra.distributed import init_process_group
+
+        with init_process_group(identity) as ctx:
+            return run_optimizer(cfg, resume=args.resume, rank=rank, ctx=ctx)
+
+
+def cmd_replay(args) -> int:
+    from rapid.evaluate import make_player
+    from rapid.envs.moba import MobaVecEnv
+    from rapid.params import ParameterStore
+    from rapid.replay import write_replay
+    from rapid.runtime import open_run_store
+
+    cfg = run_dir_config(args.run_dir) if args.run_dir else load(argparse.Namespace(config=None, set=["env.name=moba"]))
+    if cfg.env.name != "moba":
+        raise UsageError(f"rapid replay draws moba games; this run plays {cfg.env.name}")
+    env = MobaVecEnv(num_games=1, seed=args.seed, **cfg.env.options)
+    bots = env.bot_names()
+    if not args.run_dir and any(p not in bots for p in args.players):
+        raise UsageError(f"without --run-dir only bots can play ({', '.join(bots)})")
+    params = ParameterStore(open_run_store(cfg)) if args.run_dir else None
+    players = [p if p in bots else make_player(p, cfg, env, params, seed=args.seed) for p in args.players]
+    result = write_replay(cfg.env.options, players, args.out, seed=args.seed, max_steps=args.max_steps)
+    outcome = "cut at --max-steps" if result is None else (
+        "a draw" if result.winner < 0 else f"won by {args.players[result.winner]}")
+    print(f"wrote {args.out}: {args.players[0]} vs {args.players[1]}, {outcome}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from rapid.monitoring.report import write_report
+
+    if not (Path(args.run_dir) / "logs").is_dir():
+        raise UsageError(f"{args.run_dir} is not a run directory (no logs/)")
+    out = args.out or str(Path(args.run_dir) / "report")
+    for path in write_report(args.run_dir, out):
+        print(path)
+    return 0
+
+
+def cmd_monitor(args) -> int:
+    from rapid.monitoring.prom import find_prometheus, run_monitor
+
+    if find_prometheus() is None:
+        raise UsageError("prometheus is not installed (Debian: apt-get install prometheus)")
+    return run_monitor(args.run_dir, port=args.port)
+
+
+def cmd_league(args) -> int:
+    from rapid.infra.store import open_store
+    from rapid.league import cli as league_cli
+
+    if args.store:
+        store = open_store(args.store)
+        cfg = None
+    else:
+        cfg = run_dir_config(args.run_dir)
+        from rapid.runtime import open_run_store
+
+        store = open_run_store(cfg)
+    return league_cli.run(args, store, play_match=_league_play_match(cfg, store) if cfg else None)
+
+
+def _league_play_match(cfg, store):
+    """Plays league members against each other for `rapid league rate`."""
+    from rapid.envs.registry import make_env
+    from rapid.evaluate import PolicyPlayer, batch_size, play_match
+    from rapid.league import League
+    from rapid.runtime import build_policy
+
+    league = League(store)
+
+    def player(member_id: str, env):
+        if member_id.startswith("bot:"):
+            return env.make_bot(member_id[4:], seed=0)
+        policy = build_policy(cfg, env.spec)
+        policy.load_tensors(league.load_policy(member_id).tensors)
+        return PolicyPlayer(policy, member_id)
+
+    def play(a: str, b: str, games: int) -> tuple[int, int, int]:
+        env = make_env(cfg.env.name, num_games=batch_size(games), seed=cfg.run.seed, options=cfg.env.options)
+        result = play_match(env, player(a, env), player(b, env), games, seed=cfg.run.seed)
+        return result.wins, result.losses, result.draws
+
+    return play
+
+
+COMMANDS = {"train": cmd_train, "config": cmd_config, "eval": cmd_eval, "optimizer": cmd_role,
+            "rollout": cmd_role, "evaluator": cmd_role, "replay": cmd_replay, "report": cmd_report,
+            "monitor": cmd_monitor, "league": cmd_league}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rapid.infra.store import StoreError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except UsageError as e:
+        print(f"rapid: error: {e}", file=sys.stderr)
+        return 2
+    except (StoreError, FormatError) as e:
+        print(f"rapid: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def optimizer_main() -> int:
+    return main(["optimizer", *sys.argv[1:]])
+
+
+def rollout_main() -> int:
+    return main(["rollout", *sys.argv[1:]])
+
+
+def league_main() -> int:
+    return main(["league", *sys.argv[1:]])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Evaluation: play a policy against a baseline for N games and report the win rate with a 95% interval.
+
+Usage::
+
+    players = resolve_player(cfg, store, "latest"), resolve_player(cfg, store, "random")
+    result = play_match(env_factory, players, games=200, seed=0)
+    result.win_rate, result.interval()
+
+Player A plays side 0 in half the games and side 1 in the other half, so first-move advantage cancels.
+Every slot of the vector env plays the same number of games, so short games are not over-counted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+import re
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from rapid.config import Config
+from rapid.envs.base import EnvSpec, StepResult, VecMultiAgentEnv
+from rapid.errors import UsageError
+from rapid.infra.store import KeyNotFound
+from rapid.opt.model import Policy
+from rapid.params import ParameterStore
+from rapid.runtime import build_policy
+
+
+class Player(Protocol):
+    name: str
+
+    def act(self, step: StepResult) -> np.ndarray:
+        """Actions for every agent of every game; the match keeps this player's side."""
+
+
+class PolicyPlayer:
+    """A policy acting for all agents, with its LSTM state reset whenever a game starts."""
+
+    def __init__(self, policy: Policy, name: str, greedy: bool = False):
+        self.policy, self.name, self.greedy = policy, name, greedy
+        self.state: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def act(self, step: StepResult) -> np.ndarray:
+        B, A = step.obs.shape[:2]
+        if self.state is None:
+            self.state = self.policy.initial_state(B * A)
+        starts = np.repeat(step.done, A)
+        self.state[0][starts] = 0.0
+        self.state[1][starts] = 0.0
+        out = self.policy.act(torch.from_numpy(step.obs.reshape(B * A, -1)),
+                              torch.from_numpy(step.action_mask.reshape(B * A, -1)), self.state, greedy=self.greedy)
+        self.state = out.state
+        return out.actions.numpy().reshape(B, A, -1)
+
+
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass
+class MatchResult:
+    wins: int
+    losses: int
+    draws: int
+    mean_length: float
+
+    @property
+    def games(self) -> int:
+        return self.wins + self.losses + self.draws
+
+    @property
+    def win_rate(self) -> float:
+        return self.wins / self.games if self.games else 0.0
+
+    def interval(self) -> tuple[float, float]:
+        return wilson_interval(self.wins, self.games)
+
+    def line(self, a: str, b: str) -> str:
+        lo, hi = self.interval()
+        return (f"{a} vs {b}: won {self.wins}, lost {self.losses}, drew {self.draws} of {self.games} games; "
+                f"win rate {self.win_rate:.3f} (95% CI {lo:.3f}–{hi:.3f}), mean length {self.mean_length:.1f}")
+
+
+def batch_size(games: int, max_batch: int = 256) -> int:
+    """How many games to step at once for a match of ``games`` games."""
+    return max(1, min(games, max_batch))
+
+
+def play_match(env: VecMultiAgentEnv, player_a: Player, player_b: Player, games: int, seed: int = 0) -> MatchResult:
+    """``games`` games of A against B on ``env`` (best built with ``batch_size(games)`` games)."""
+    B = env.num_games
+    quota = np.full(B, games // B)
+    quota[: games % B] += 1
+    sides = np.asarray(env.spec.side_of_agent)
+    played = np.zeros(B, dtype=np.int64)
+    side_a = np.arange(B) % 2
+    wins = losses = draws = 0
+    lengths = []
+    step = env.reset(seed=seed)
+    while (played < quota).any():
+        acts_a, acts_b = player_a.act(step), player_b.act(step)
+        a_rows = (sides[None, :] == side_a[:, None])[..., None]
+        step = env.step(np.where(a_rows, acts_a, acts_b))
+        for ep in step.episodes:
+            b = ep.game
+            if played[b] < quota[b]:
+                if ep.winner < 0:
+                    draws += 1
+                elif ep.winner == side_a[b]:
+                    wins += 1
+                else:
+                    losses += 1
+                lengths.append(ep.length)
+            played[b] += 1
+            side_a[b] = 1 - side_a[b]
+    return MatchResult(wins, losses, draws, float(np.mean(lengths)) if lengths else 0.0)
+
+
+def load_policy(cfg: Config, spec: EnvSpec, params: ParameterStore, version: int) -> Policy:
+    policy = build_policy(cfg, spec)
+    try:
+        policy.load_tensors(params.fetch(version).tensors)
+    except KeyNotFound:
+        raise UsageError(f"parameter version {version} is not in the store") from None
+    policy.eval()
+    return policy
+
+
+def resolve_version(params: ParameterStore, text: str) -> int:
+    """'latest', '12' or 'v12' → a published version number."""
+    if text == "latest":
+        version = params.latest_version()
+        if version is None:
+            raise UsageError("no parameter version has been published yet")
+        return version
+    match = re.fullmatch(r"v?(\d+)", text)
+    if not match:
+        raise UsageError(f"{text!r} is not a version (use latest, 12 or v12) or a bot name")
+    return int(match.group(1))
+
+
+def make_player(text: str, cfg: Config, env: VecMultiAgentEnv, params: ParameterStore, seed: int = 0) -> Player:
+    """A bot of the env by name (``random``, ``lane``…) or a published policy version."""
+    name = text.removeprefix("bot:")
+    if name in env.bot_names():
+        return env.make_bot(name, seed)
+    version = resolve_version(params, text)
+    return PolicyPlayer(load_policy(cfg, env.spec, params, version), f"v{version}")

@@ -1,0 +1,139 @@
+"""`rapid train`: the same roles as processes on one machine, a live progress line, a summary at the end.
+
+The launcher starts the optimizer, N rollout workers and the evaluator as child processes of their own
+(so Ctrl-C reaches only the launcher, which then stops them in order: workers first, the optimizer last,
+after its final checkpoint). Children also get SIGTERM if the launcher itself dies, so none is orphaned.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rapid.config import Config, to_toml
+from rapid.errors import UsageError
+from rapid.progress import Progress, final_summary
+from rapid.runtime import StopFlag, read_jsonl
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the launcher dies (Linux)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+    os.setsid()
+
+
+@dataclass
+class Child:
+    role: str
+    args: list[str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    exit_codes: list[int] = field(default_factory=list)
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "rapid.cli", *self.args], stdout=log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     preexec_fn=_die_with_parent)
+        log.close()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            self.proc.send_signal(sig)
+
+    def wait(self, timeout: float) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def default_workers() -> int:
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
+def prepare_run_dir(cfg: Config, resume: bool) -> Path:
+    run_dir = Path(cfg.derive().run_dir)
+    has_params = (run_dir / "store" / "params").is_dir() and any((run_dir / "store" / "params").iterdir())
+    if resume and not has_params:
+        raise UsageError(f"--resume: {run_dir} holds no run to resume")
+    if not resume and has_params:
+        raise UsageError(f"{run_dir} already holds a run: add --resume to continue it, or pick another --run-dir")
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(to_toml(cfg))
+    return run_dir
+
+
+def run_train(cfg: Config, resume: bool = False, show_progress: bool = True) -> int:
+    run_dir = prepare_run_dir(cfg, resume)
+    config_path = str(run_dir / "config.toml")
+    logs = run_dir / "logs"
+    workers = cfg.run.num_workers or default_workers()
+    optimizer = Child("optimizer", ["optimizer", "--config", config_path] + (["--resume"] if resume else []),
+                      logs / "optimizer.log")
+    rollouts = [Child(f"rollout-{i}", ["rollout", "--config", config_path, "--worker-id", f"w{i}",
+                                       "--seed", str(cfg.run.seed * 1000 + i + 1 + (int(time.time()) if resume else 0))],
+                      logs / f"rollout-{i}.log") for i in range(workers)]
+    helpers = rollouts + ([Child("evaluator", ["evaluator", "--config", config_path], logs / "evaluator.log")]
+                          if cfg.eval.interval_s > 0 else [])
+    stop = StopFlag()
+    progress = Progress(run_dir, cfg, enabled=show_progress)
+    print(f"rapid train: run {cfg.run.name} in {run_dir} — {workers} rollout worker(s) × {cfg.env.num_games} games "
+          f"of {cfg.env.name}; logs in {logs}; Ctrl-C stops cleanly", flush=True)
+    started = time.time()
+    optimizer.start()
+    for child in helpers:
+        child.start()
+    reason = "optimizer exited"
+    try:
+        while optimizer.alive():
+            if stop.wait(1.0):
+                reason = f"stopped by {stop.reason}"
+                break
+            if cfg.run.minutes and time.time() - started >= 60 * cfg.run.minutes:
+                reason = f"time limit ({cfg.run.minutes:g} min)"
+                break
+            evals = read_jsonl(logs / "eval.jsonl")
+            if cfg.run.target_win_rate and evals and evals[-1]["win_rate"] >= cfg.run.target_win_rate:
+                reason = f"target win rate {cfg.run.target_win_rate:g} reached by v{evals[-1]['version']}"
+                break
+            for child in helpers:
+                if not child.alive() and child.proc.returncode not in (0, None):
+                    child.exit_codes.append(child.proc.returncode)
+                    child.restarts += 1
+                    progress.note(f"{child.role} exited with code {child.proc.returncode}; restarting "
+                                  f"(see {child.log_path})")
+                    child.start()
+            progress.update()
+    finally:
+        for child in helpers:
+            child.signal(signal.SIGTERM)
+        optimizer.signal(signal.SIGTERM)
+        for child in helpers:
+            child.wait(30)
+        optimizer.wait(120)
+        progress.close()
+    code = optimizer.proc.returncode
+    print(final_summary(run_dir, reason, time.time() - started, code))
+    if code not in (0, -signal.SIGTERM):
+        print(f"rapid train: the optimizer failed (exit code {code}); see {optimizer.log_path}", file=sys.stderr)
+        return 1
+    return 0
