@@ -1,0 +1,83 @@
+"""The layout of SPEC §2: packages listed explicitly, installed under rapid.*, layers importing downwards."""
+
+import ast
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = {"rapid": "rapid", "envs": "rapid.envs", "opt": "rapid.opt", "infra": "rapid.infra",
+           "monitoring": "rapid.monitoring"}
+# What each layer may import from the project (besides itself).
+ALLOWED = {"rapid.envs": set(), "rapid.infra": set(), "rapid.monitoring": set(), "rapid.opt": {"rapid.infra"}}
+
+
+def pyproject():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def package_folders() -> dict[str, Path]:
+    """Every folder with an __init__.py under the mapped roots, by its import name."""
+    found = {}
+    for folder, name in FOLDERS.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            found[".".join([name, *rel])] = init.parent
+    return found
+
+
+def test_every_package_folder_is_listed():
+    listed = set(pyproject()["tool"]["setuptools"]["packages"])
+    assert set(package_folders()) == listed
+
+
+def test_package_dir_maps_top_level_folders_under_rapid():
+    mapping = pyproject()["tool"]["setuptools"]["package-dir"]
+    for folder, name in FOLDERS.items():
+        assert mapping[name] == folder
+    for name in pyproject()["tool"]["setuptools"]["packages"]:
+        assert name == "rapid" or name.startswith("rapid.")
+
+
+def test_no_generic_top_level_names_installed(tmp_path):
+    code = "import importlib.util,sys; sys.exit(any(importlib.util.find_spec(n) for n in ('envs','opt','infra','monitoring')))"
+    assert subprocess.run([sys.executable, "-c", code], cwd=tmp_path).returncode == 0
+
+
+def test_importing_envs_does_not_import_torch():
+    code = "import sys, rapid.envs, rapid.envs.registry, rapid.infra.store; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def _project_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return {n for n in names if n == "rapid" or n.startswith("rapid.")}
+
+
+def test_layers_import_only_downwards():
+    bad = []
+    for package, folder in package_folders().items():
+        layer = next((l for l in ALLOWED if package == l or package.startswith(l + ".")), None)
+        if layer is None:
+            continue
+        for path in folder.glob("*.py"):
+            for name in _project_imports(path):
+                if not (name == layer or name.startswith(layer + ".")
+                        or any(name == a or name.startswith(a + ".") for a in ALLOWED[layer])):
+                    bad.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert bad == []
+
+
+def test_console_scripts():
+    scripts = pyproject()["project"]["scripts"]
+    assert set(scripts) >= {"rapid", "rapid-optimizer", "rapid-rollout", "rapid-league"}
+    for script in ("rapid", "rapid-optimizer", "rapid-rollout", "rapid-league"):
+        out = subprocess.run([Path(sys.executable).parent / script, "--help"], capture_output=True, text=True)
+        assert out.returncode == 0 and "usage" in out.stdout
