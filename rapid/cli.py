@@ -162,7 +162,9 @@ def cmd_role(args) -> int:
 
             worker = args.worker_id or (f"w{identity.rank}" if identity.size > 1 else default_worker_id())
             seed = args.seed if args.seed is not None else cfg.run.seed * 1000 + identity.rank + 1
-            return run_rollout(cfg, worker, seed)
+            digits = "".join(ch for ch in worker if ch.isdigit())[-6:]
+            rank = identity.rank if identity.size > 1 else int(digits or 0)
+            return run_rollout(cfg, worker, seed, rank=rank, local_rank=identity.local_rank)
         if args.command == "evaluator":
             from rapid.evaluator import run_evaluator
 

@@ -11,18 +11,22 @@ import torch
 from rapid.config import Config
 from rapid.envs.registry import make_env
 from rapid.errors import FormatError
-from rapid.evaluate import PolicyPlayer, batch_size, load_policy, play_match
+from rapid.evaluate import MatchResult, PolicyPlayer, batch_size, load_policy, play_match
 from rapid.infra.store import StoreError
+from rapid.league import League, PoolConflict, rate_games, rating_of, version_id
+from rapid.monitoring.metrics import EvaluatorMetrics
 from rapid.params import ParameterStore
-from rapid.runtime import JsonlLog, StopFlag, open_run_store, setup_logging
+from rapid.runtime import JsonlLog, StopFlag, build_policy, open_run_store, setup_logging, start_metrics
 
 
 def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
     log = setup_logging("evaluator")
     stop = stop or StopFlag()
     torch.set_num_threads(1)
+    metrics = start_metrics(EvaluatorMetrics, cfg)
     store = open_run_store(cfg)
     params = ParameterStore(store)
+    league = League(store)
     games = cfg.eval.games
     env = make_env(cfg.env.name, num_games=batch_size(games), seed=cfg.run.seed + 99991, options=cfg.env.options)
     out = JsonlLog(f"{cfg.derive().run_dir}/logs/eval.jsonl")
@@ -40,13 +44,58 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
             opponent = env.make_bot(cfg.eval.opponent, seed=rounds)
             result = play_match(env, PolicyPlayer(policy, f"v{version}"), opponent, games, seed=cfg.run.seed + rounds)
             lo, hi = result.interval()
+            rating = _rate(league, version, f"bot:{cfg.eval.opponent}", result, log)
+            metrics.win_rate(cfg.eval.opponent, result.win_rate)
+            metrics.games(result.games)
             out.write({"version": version, "opponent": cfg.eval.opponent, "games": result.games,
                        "wins": result.wins, "losses": result.losses, "draws": result.draws,
                        "win_rate": result.win_rate, "ci_low": lo, "ci_high": hi,
-                       "mean_length": result.mean_length, "eval_s": time.time() - started})
+                       "mean_length": result.mean_length, "eval_s": time.time() - started, **rating})
             log.info(result.line(f"v{version}", cfg.eval.opponent))
+            pool_result = _play_pool(cfg, env, league, policy, version, max(games // 2, 1), rounds, log)
+            if pool_result:
+                member, res = pool_result
+                rating = _rate(league, version, member, res, log)
+                metrics.win_rate("pool", res.win_rate)
+                out.write({"version": version, "opponent": member, "games": res.games, "wins": res.wins,
+                           "losses": res.losses, "draws": res.draws, "win_rate": res.win_rate, **rating})
+            if rating:
+                metrics.rating(version_id(version), rating["rating"], rating["rating_sigma"])
             last, rounds = version, rounds + 1
         stop.wait(cfg.eval.interval_s)
     env.close()
     out.close()
+    metrics.close()
     return 0
+
+
+def _rate(league: League, version: int, opponent: str, result: MatchResult, log) -> dict:
+    """TrueSkill update for the version and its opponent; {} if the pool could not be written."""
+    me = version_id(version)
+    try:
+        state = league.update(lambda s: rate_games(s, me, opponent, result.wins, result.losses, result.draws,
+                                                   time.time()))
+    except (StoreError, PoolConflict, FormatError) as e:
+        log.warning("rating not stored: %s", e)
+        return {}
+    r = rating_of(state, me)
+    return {"rating": r.mu, "rating_sigma": r.sigma}
+
+
+def _play_pool(cfg: Config, env, league: League, policy, version: int, games: int, rounds: int, log):
+    """A match against a past snapshot, taken in turn, so versions are rated against each other too."""
+    try:
+        snapshots = [m for m in league.read_or_empty().snapshots() if m.version != version]
+    except (StoreError, FormatError) as e:
+        log.warning("cannot read the pool: %s", e)
+        return None
+    if not snapshots:
+        return None
+    member = snapshots[rounds % len(snapshots)]
+    past = build_policy(cfg, env.spec)
+    past.load_tensors(league.load_snapshot(member.id).tensors)
+    past.eval()
+    result = play_match(env, PolicyPlayer(policy, f"v{version}"), PolicyPlayer(past, member.id), games,
+                        seed=cfg.run.seed + 7 * rounds)
+    log.info(result.line(f"v{version}", member.id))
+    return member.id, result

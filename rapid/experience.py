@@ -110,8 +110,8 @@ def decode_experience(data: bytes, shape: Shape) -> ExperienceBatch:
     episodes = codec.require(tree, "episodes", list, where)
     env_steps = codec.require(tree, "env_steps", int, where)
     expected = shape.fields()
-    if set(arrays) != set(expected):
-        raise FormatError(f"{where}: arrays {sorted(arrays)} differ from {sorted(expected)}")
+    if not all(isinstance(k, str) for k in arrays) or set(arrays) != set(expected):
+        raise FormatError(f"{where}: arrays {sorted(map(str, arrays))} differ from {sorted(expected)}")
     num = arrays["version"].shape[0] if isinstance(arrays["version"], np.ndarray) and arrays["version"].ndim else -1
     if not 0 < num <= MAX_SAMPLES:
         raise FormatError(f"{where}: bad sample count")

@@ -18,8 +18,9 @@ from pathlib import Path
 
 from rapid.config import Config, to_toml
 from rapid.errors import UsageError
-from rapid.progress import Progress, final_summary
-from rapid.runtime import StopFlag, read_jsonl
+from rapid.monitoring.metrics import LauncherMetrics
+from rapid.progress import Progress, baseline_evals, final_summary
+from rapid.runtime import StopFlag, start_metrics
 
 PR_SET_PDEATHSIG = 1
 
@@ -95,6 +96,7 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True) -> 
     helpers = rollouts + ([Child("evaluator", ["evaluator", "--config", config_path], logs / "evaluator.log")]
                           if cfg.eval.interval_s > 0 else [])
     stop = StopFlag()
+    metrics = start_metrics(LauncherMetrics, cfg)
     progress = Progress(run_dir, cfg, enabled=show_progress)
     print(f"rapid train: run {cfg.run.name} in {run_dir} — {workers} rollout worker(s) × {cfg.env.num_games} games "
           f"of {cfg.env.name}; logs in {logs}; Ctrl-C stops cleanly", flush=True)
@@ -111,7 +113,7 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True) -> 
             if cfg.run.minutes and time.time() - started >= 60 * cfg.run.minutes:
                 reason = f"time limit ({cfg.run.minutes:g} min)"
                 break
-            evals = read_jsonl(logs / "eval.jsonl")
+            evals = baseline_evals(run_dir)
             if cfg.run.target_win_rate and evals and evals[-1]["win_rate"] >= cfg.run.target_win_rate:
                 reason = f"target win rate {cfg.run.target_win_rate:g} reached by v{evals[-1]['version']}"
                 break
@@ -119,9 +121,12 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True) -> 
                 if not child.alive() and child.proc.returncode not in (0, None):
                     child.exit_codes.append(child.proc.returncode)
                     child.restarts += 1
+                    metrics.restart(child.role.split("-")[0])
                     progress.note(f"{child.role} exited with code {child.proc.returncode}; restarting "
                                   f"(see {child.log_path})")
                     child.start()
+            metrics.processes_alive("rollout", sum(c.alive() for c in rollouts))
+            metrics.processes_alive("optimizer", int(optimizer.alive()))
             progress.update()
     finally:
         for child in helpers:
@@ -131,6 +136,7 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True) -> 
             child.wait(30)
         optimizer.wait(120)
         progress.close()
+        metrics.close()
     code = optimizer.proc.returncode
     print(final_summary(run_dir, reason, time.time() - started, code))
     if code not in (0, -signal.SIGTERM):

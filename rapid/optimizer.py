@@ -16,11 +16,15 @@ from rapid.checkpoint import Checkpoint, load_latest_checkpoint, save_checkpoint
 from rapid.config import Config
 from rapid.errors import UsageError
 from rapid.experience import Shape
+from rapid.league import League, ResultFolder, ensure_bots
 from rapid.loader import ExperienceLoader
+from rapid.monitoring.metrics import OptimizerMetrics
 from rapid.opt.buffer import ExperienceBuffer
 from rapid.opt.learner import Learner, LearnerSettings
 from rapid.params import ParameterStore
-from rapid.runtime import JsonlLog, StopFlag, build_policy, env_spec, open_run_store, setup_logging
+from rapid.runtime import JsonlLog, StopFlag, build_policy, env_spec, open_run_store, setup_logging, start_metrics
+
+FOLD_EVERY_S = 5.0
 
 
 @dataclass
@@ -55,8 +59,8 @@ def summarize_episodes(episodes: list[dict]) -> dict[str, float]:
     out["episodes"] = float(len(episodes))
     out["episode_length"] = float(np.mean([e["length"] for e in episodes]))
     out["episode_return"] = float(np.mean([e["learner_return"] for e in episodes]))
-    for kind, match in (("latest", lambda o: o == "latest"), ("pool", lambda o: o.startswith("snap")),
-                        ("bots", lambda o: o.startswith("bot:"))):
+    for kind, match in (("latest", lambda o: o == "latest"), ("bots", lambda o: o.startswith("bot:")),
+                        ("pool", lambda o: o != "latest" and not o.startswith("bot:"))):
         games = [e for e in episodes if match(e["opponent"])]
         if games:
             score = [1.0 if e["winner"] == "learner" else 0.5 if e["winner"] == "draw" else 0.0 for e in games]
@@ -84,6 +88,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo()
     torch.manual_seed(cfg.run.seed)
     lead = rank.rank == 0
     derived = cfg.derive()
+    metrics = start_metrics(OptimizerMetrics, cfg, rank.rank, rank.local_rank)
     store = open_run_store(cfg)
     params = ParameterStore(store)
     spec = env_spec(cfg)
@@ -112,21 +117,26 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo()
         ctx.broadcast_parameters(policy, src=0)
     if lead and not resume:
         params.publish(version, policy.tensors(), {"updates": updates, "env": cfg.env.name})
+    league = LeagueKeeper(store, cfg) if lead else None
+    metrics.param_version(version)
 
     shape = Shape(bptt=cfg.rollout.bptt, obs_dim=spec.obs_dim, mask_dim=spec.mask_dim,
                   heads=len(spec.action_heads), lstm=cfg.model.lstm)
     buffer = ExperienceBuffer(cfg.optimizer.buffer_samples, cfg.optimizer.max_staleness)
     loader = ExperienceLoader(store, shape, buffer, rank.rank, rank.world, cfg.optimizer.poll_s,
-                              cfg.store.retention_s)
+                              cfg.store.retention_s, on_bad=lambda key, why: metrics.bad_object(_reason(why)),
+                              on_load=lambda n, nbytes, s: metrics.samples_downloaded(n, nbytes, s))
     loader.start()
     oplog = JsonlLog(f"{derived.run_dir}/logs/optimizer.jsonl") if lead else None
     agree = StopAgreement(ctx)
     rng = np.random.default_rng(cfg.run.seed + 7919 * rank.rank)
     started = time.time()
     last_ckpt_updates = updates
+    dropped_seen = 0
     try:
         while True:
             batch = None
+            t_load = time.perf_counter()
             while batch is None and not stop:
                 batch = buffer.sample(cfg.optimizer.batch_samples, version, rng, cfg.optimizer.max_reuse, timeout=0.5)
             if cfg.run.updates and updates >= cfg.run.updates:
@@ -136,29 +146,54 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo()
             if agree.any(bool(stop)):
                 break
             arrays, staleness = batch
+            metrics.update_phase("load", time.perf_counter() - t_load)
             stats = learner.update(arrays)
+            for phase in ("forward", "backward", "allreduce", "step"):
+                metrics.update_phase(phase, stats[f"{phase}_s"])
             if stats["skipped"]:
+                metrics.nonfinite_skipped()
                 log.warning("non-finite loss or gradients: update skipped (%d so far)", learner.skipped)
                 continue
             updates += 1
             if updates % cfg.optimizer.publish_every == 0:
                 version += 1
                 if lead:
+                    t_pub = time.perf_counter()
                     params.publish(version, policy.tensors(), {"updates": updates})
+                    league.after_publish(version, policy)
+                    metrics.update_phase("publish", time.perf_counter() - t_pub)
+                metrics.param_version(version)
+            b = buffer.stats()
+            metrics.update(stats)
+            metrics.staleness(staleness)
+            metrics.samples_consumed(len(staleness))
+            metrics.samples_dropped_stale(b.dropped_stale - dropped_seen)
+            dropped_seen = b.dropped_stale
+            metrics.sample_reuse(b.reuse)
+            metrics.buffer_size(b.size)
+            episodes = summarize_episodes(loader.take_episodes())
+            for kind in ("latest", "pool", "bots"):
+                if f"win_rate_{kind}" in episodes:
+                    metrics.win_rate(kind, episodes[f"win_rate_{kind}"])
+            if "episode_return" in episodes:
+                metrics.episode(episodes["episode_return"], int(episodes["episode_length"]))
+            if league:
+                league.fold_if_due()
             if lead and updates - last_ckpt_updates >= cfg.optimizer.checkpoint_every:
                 _checkpoint(store, cfg, learner, version, updates)
                 last_ckpt_updates = updates
             if oplog:
-                b = buffer.stats()
                 oplog.write({"update": updates, "version": version, **stats,
                              "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
                              "sample_reuse": b.reuse, "samples_received": b.received,
                              "samples_consumed": b.consumed, "samples_dropped_stale": b.dropped_stale,
                              "buffer_size": b.size, "env_steps": loader.stats.env_steps,
                              "bad_objects": loader.stats.bad_objects, "skipped_updates": learner.skipped,
-                             "elapsed_s": time.time() - started, **summarize_episodes(loader.take_episodes())})
+                             "elapsed_s": time.time() - started,
+                             "samples_per_s": loader.stats.samples / max(time.time() - started, 1e-6), **episodes})
     finally:
         loader.stop()
+        metrics.close()
         if lead:
             _checkpoint(store, cfg, learner, version, updates)
             log.info("stopped (%s) at version %d after %d updates; final checkpoint written",
@@ -166,6 +201,46 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo()
         if oplog:
             oplog.close()
     return 0
+
+
+class LeagueKeeper:
+    """Rank 0's league duties: snapshots every ``snapshot_every`` versions, match results folded into
+    quality scores. League trouble is logged, never fatal to training."""
+
+    def __init__(self, store, cfg: Config):
+        self.league = League(store)
+        self.cfg = cfg
+        self.folder = ResultFolder(self.league, cfg.league.eta)
+        self.next_fold = 0.0
+        self.log = setup_logging("league")
+        if cfg.league.bots:
+            bots = [b if b.startswith("bot:") else f"bot:{b}" for b in cfg.league.bots]
+            self.league.update(lambda s: ensure_bots(s, bots, time.time()))
+
+    def after_publish(self, version: int, policy) -> None:
+        every = self.cfg.league.snapshot_every
+        if every and version % every == 0:
+            from rapid.params import ParamsObject
+
+            self.league.add_snapshot(ParamsObject(version, policy.tensors(), {"source": "optimizer"}))
+            self.log.info("snapshot of v%d joined the pool", version)
+
+    def fold_if_due(self) -> None:
+        if time.monotonic() < self.next_fold:
+            return
+        self.next_fold = time.monotonic() + FOLD_EVERY_S
+        report = self.folder.fold_pending()
+        if report.bad_objects:
+            self.log.warning("skipped %d bad match-result objects", report.bad_objects)
+
+
+def _reason(message: str) -> str:
+    """A small fixed label set for the bad-object counter."""
+    if "non-finite" in message:
+        return "nonfinite"
+    if "checksum" in message or "not a" in message or "malformed" in message:
+        return "decode"
+    return "invalid"
 
 
 def _checkpoint(store, cfg: Config, learner: Learner, version: int, updates: int) -> None:

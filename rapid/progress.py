@@ -19,9 +19,14 @@ def _fmt_time(seconds: float) -> str:
     return f"{seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def baseline_evals(run_dir: Path) -> list[dict]:
+    """Evaluations against the fixed baseline (the evaluator also logs games against pool members)."""
+    return [e for e in read_jsonl(run_dir / "logs" / "eval.jsonl") if "ci_low" in e]
+
+
 def status_line(run_dir: Path, elapsed: float, window_s: float = 30.0) -> str:
     ops = read_jsonl(run_dir / "logs" / "optimizer.jsonl")
-    evals = read_jsonl(run_dir / "logs" / "eval.jsonl")
+    evals = baseline_evals(run_dir)
     if not ops:
         return f"[{_fmt_time(elapsed)}] waiting for the first update…"
     last = ops[-1]
@@ -77,7 +82,7 @@ class Progress:
 
 def final_summary(run_dir: Path, reason: str, elapsed: float, exit_code: int | None) -> str:
     ops = read_jsonl(run_dir / "logs" / "optimizer.jsonl")
-    evals = read_jsonl(run_dir / "logs" / "eval.jsonl")
+    evals = baseline_evals(run_dir)
     lines = [f"\nrapid train finished: {reason} after {_fmt_time(elapsed)}"]
     if ops:
         last = ops[-1]

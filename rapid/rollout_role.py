@@ -15,9 +15,12 @@ from rapid.config import Config
 from rapid.envs.registry import make_env
 from rapid.errors import FormatError
 from rapid.infra.store import KeyNotFound, StoreError
+from rapid.league import League
+from rapid.monitoring.metrics import RolloutMetrics
+from rapid.opponents import LeagueOpponents, ResultReporter
 from rapid.params import ParameterStore
 from rapid.rollout import RolloutSettings, RolloutWorker
-from rapid.runtime import StopFlag, build_policy, open_run_store, setup_logging
+from rapid.runtime import StopFlag, build_policy, open_run_store, setup_logging, start_metrics
 from rapid.uploader import Uploader
 
 
@@ -44,35 +47,49 @@ def _wait_for_params(params: ParameterStore, stop: StopFlag, log) -> int | None:
     return None
 
 
-def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = None) -> int:
+def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = None, rank: int = 0,
+                local_rank: int = 0) -> int:
     log = setup_logging(f"rollout-{worker_id}")
     stop = stop or StopFlag()
     torch.set_num_threads(cfg.rollout.torch_threads)
     torch.manual_seed(seed)
+    metrics = start_metrics(RolloutMetrics, cfg, rank, local_rank)
     store = open_run_store(cfg)
     params = ParameterStore(store)
     env = make_env(cfg.env.name, num_games=cfg.env.num_games, seed=seed, options=cfg.env.options)
     policy = build_policy(cfg, env.spec)
-    worker = RolloutWorker(env, policy, rollout_settings(cfg, env.spec.seconds_per_step), seed=seed)
-    uploader = Uploader(store, worker_id, cfg.rollout.upload_interval_s, cfg.rollout.max_backlog)
+    opponents = LeagueOpponents(League(store), cfg, env, lambda: build_policy(cfg, env.spec))
+    worker = RolloutWorker(env, policy, rollout_settings(cfg, env.spec.seconds_per_step), opponents, seed=seed)
+    uploader = Uploader(store, worker_id, cfg.rollout.upload_interval_s, cfg.rollout.max_backlog,
+                        on_upload=metrics.samples_uploaded, on_episodes=ResultReporter(store, worker_id),
+                        on_failure=metrics.upload_failed, on_drop=metrics.backlog_dropped)
 
     version = _wait_for_params(params, stop, log)
     if version is None:
         return 0
     worker.set_params(version, params.fetch(version).tensors)
+    metrics.param_version(version)
     uploader.start()
     log.info("worker %s started: %d games of %s, params v%d, store %s", worker_id, env.num_games,
              cfg.env.name, version, store.describe())
     last_poll = time.monotonic()
     try:
         while not stop:
-            uploader.add(worker.collect())
+            segment = worker.collect()
+            uploader.add(segment)
+            metrics.env_steps(segment.env_steps // env.spec.num_agents)
+            metrics.agent_steps(segment.env_steps)
+            metrics.backlog(uploader.stats.backlog)
+            for ep in segment.episodes:
+                metrics.episode(ep["learner_return"], ep["length"])
             if time.monotonic() - last_poll >= cfg.rollout.param_poll_s:
                 last_poll = time.monotonic()
                 _refresh_params(worker, params, log)
+                metrics.param_version(worker.version)
     finally:
         uploader.stop()
         env.close()
+        metrics.close()
         s = uploader.stats
         log.info("worker %s stopped: %d objects, %d samples uploaded, %d dropped, %d failures", worker_id,
                  s.objects, s.samples, s.dropped_samples, s.failures)

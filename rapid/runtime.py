@@ -73,6 +73,18 @@ class StopFlag:
         return self.event.wait(seconds)
 
 
+def start_metrics(cls, cfg: Config, rank: int = 0, local_rank: int = 0):
+    """The role's metrics object; served on /metrics (and registered in the run dir) when enabled."""
+    metrics = cls(run=cfg.run.name, rank=rank)
+    if cfg.metrics.enabled:
+        port = cfg.metrics.base_port + local_rank if cfg.metrics.base_port else 0
+        try:
+            metrics.serve(port=port, addr=cfg.metrics.addr, run_dir=cfg.derive().run_dir)
+        except OSError as e:
+            raise UsageError(f"cannot serve metrics on {cfg.metrics.addr}:{port}: {e.strerror}") from None
+    return metrics
+
+
 def setup_logging(role: str) -> logging.Logger:
     logging.basicConfig(level=os.environ.get("RAPID_LOG_LEVEL", "INFO"),
                         format=f"%(asctime)s {role} %(levelname)s %(message)s", stream=sys.stderr)

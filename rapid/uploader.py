@@ -44,11 +44,13 @@ class UploadStats:
 
 
 class Uploader:
-    def __init__(self, store: Store, worker: str, interval_s: float, max_backlog: int, on_upload=None):
+    def __init__(self, store: Store, worker: str, interval_s: float, max_backlog: int, on_upload=None,
+                 on_episodes=None, on_failure=None, on_drop=None):
         self.store, self.worker = store, worker
         self.interval_s, self.max_backlog = interval_s, max_backlog
         self.incarnation = f"{int(time.time())}{os.getpid() % 100000:05d}{uuid.uuid4().hex[:6]}"
-        self.on_upload = on_upload
+        self.on_upload, self.on_episodes = on_upload, on_episodes
+        self.on_failure, self.on_drop = on_failure, on_drop
         self.stats = UploadStats()
         self._pending: list[Segment] = []
         self._backlog: collections.deque[tuple[str, bytes, int]] = collections.deque()
@@ -84,6 +86,8 @@ class Uploader:
         batch = ExperienceBatch(worker=self.worker, seq=self._seq, created=time.time(), arrays=arrays,
                                 opponents=opponents, episodes=[e for s in segments for e in s.episodes],
                                 env_steps=sum(s.env_steps for s in segments))
+        if self.on_episodes and batch.episodes:
+            self.on_episodes(batch.episodes, batch.created)
         key = experience_key(self.worker, self.incarnation, self._seq)
         self._seq += 1
         self._backlog.append((key, encode_experience(batch), batch.num_samples))
@@ -91,6 +95,8 @@ class Uploader:
             _, _, samples = self._backlog.popleft()
             self.stats.dropped_objects += 1
             self.stats.dropped_samples += samples
+            if self.on_drop:
+                self.on_drop(samples)
             log.warning("upload backlog full: dropped the oldest experience object (%d samples)", samples)
 
     def _drain(self) -> None:
@@ -101,6 +107,8 @@ class Uploader:
                 self.store.put(key, data)
             except StoreError as e:
                 self.stats.failures += 1
+                if self.on_failure:
+                    self.on_failure()
                 log.warning("upload of %s failed (%s); %d object(s) waiting", key, e, len(self._backlog))
                 return
             self._backlog.popleft()

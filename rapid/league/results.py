@@ -118,10 +118,15 @@ class ResultWriter:
 def fold_results(state: PoolState, results: list[MatchResult], eta: float = 0.01) -> PoolState:
     """``state`` with games and learner wins/losses/draws counted and quality scores updated.
 
-    When the learner beats snapshot i: q_i ← q_i − η/(N·p_i), with p_i its current sampling probability
-    among the N active snapshots. Results against unknown or retired members only count as games.
+    When the learner beats snapshot i: q_i ← q_i − η/(N·p_i), with p_i the sampling probability among
+    the N active snapshots *when the batch was played*, i.e. before this fold. Recomputing p_i after each
+    win would feed back (smaller p, larger step, smaller p…) and drive q to −∞ within one batch; with p
+    fixed, the expected step per batch is bounded (games against i are proportional to p_i).
+    Results against unknown or retired members only count as games.
     """
     state = state.clone()
+    snapshots = state.snapshots()
+    probabilities = quality_probabilities(snapshots)
     for r in results:
         if r.opponent_id == LATEST:
             state.latest_games += 1
@@ -132,10 +137,8 @@ def fold_results(state: PoolState, results: list[MatchResult], eta: float = 0.01
         m.games += 1
         if r.winner == "learner":
             m.wins += 1
-            if m.kind == "snapshot" and m.active:
-                snapshots = state.snapshots()
-                p = quality_probabilities(snapshots)[m.id]
-                m.quality = quality_update(m.quality, p, len(snapshots), eta)
+            if m.kind == "snapshot" and m.id in probabilities:
+                m.quality = quality_update(m.quality, probabilities[m.id], len(snapshots), eta)
         elif r.winner == "opponent":
             m.losses += 1
         else:

@@ -1,0 +1,97 @@
+"""Rollout-side league wiring: turns the league's opponent choices into playable opponents, and the
+worker's finished games into match results for optimizer rank 0.
+
+Usage (inside a rollout worker)::
+
+    source = LeagueOpponents(League(store), cfg, env, make_policy)
+    worker = RolloutWorker(env, policy, settings, opponents=source)
+    ...
+    source.report(segment.episodes)       # match results, written by the uploader thread
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Callable
+
+import numpy as np
+
+from rapid.config import Config
+from rapid.envs.base import VecMultiAgentEnv
+from rapid.errors import FormatError
+from rapid.infra.store import KeyNotFound, StoreError
+from rapid.league import League, MatchResult, OpponentSampler, ResultWriter, SamplingConfig
+from rapid.opt.model import Policy
+from rapid.rollout import LATEST, Opponent
+
+log = logging.getLogger(__name__)
+
+
+def sampling_config(cfg: Config) -> SamplingConfig:
+    lg = cfg.league
+    return SamplingConfig(scheme=lg.scheme, latest_prob=lg.latest_prob, eta=lg.eta, pfsp_power=lg.pfsp_power,
+                          bot_prob=lg.bot_prob)
+
+
+class LeagueOpponents:
+    """An OpponentSource backed by the league pool; a snapshot's policy is built once and cached."""
+
+    def __init__(self, league: League, cfg: Config, env: VecMultiAgentEnv, make_policy: Callable[[], Policy],
+                 cache_size: int = 4):
+        self.sampler = OpponentSampler(league, sampling_config(cfg), refresh_s=cfg.league.refresh_s,
+                                       cache_size=cache_size)
+        self.env, self.make_policy, self.cache_size = env, make_policy, cache_size
+        self._latest = Opponent(LATEST)
+        self._cache: OrderedDict[str, Opponent] = OrderedDict()
+        self.load_failures = 0
+
+    def choose(self, rng: np.random.Generator) -> Opponent:
+        choice = self.sampler.choose(rng)
+        if choice.kind == "latest":
+            return self._latest
+        if choice.id in self._cache:
+            self._cache.move_to_end(choice.id)
+            return self._cache[choice.id]
+        try:
+            opponent = self._build(choice.id, choice.kind)
+        except (StoreError, KeyNotFound, FormatError, ValueError, KeyError) as e:
+            # A snapshot that cannot be loaded must not stop the worker: play the latest policy instead.
+            self.load_failures += 1
+            log.warning("cannot load opponent %s (%s); playing the latest policy", choice.id, e)
+            return self._latest
+        self._cache[choice.id] = opponent
+        if len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return opponent
+
+    def _build(self, member_id: str, kind: str) -> Opponent:
+        if kind == "bot":
+            return Opponent(member_id, bot=self.env.make_bot(member_id.removeprefix("bot:"), seed=len(self._cache)))
+        policy = self.make_policy()
+        policy.load_tensors(self.sampler.load_params(member_id).tensors)
+        policy.eval()
+        return Opponent(member_id, policy=policy)
+
+
+def match_results(episodes: list[dict], worker: str, now: float) -> list[MatchResult]:
+    return [MatchResult(learner_version=e["learner_version"], opponent_id=e["opponent"], winner=e["winner"],
+                        length=e["length"], worker=worker, time=now) for e in episodes]
+
+
+class ResultReporter:
+    """Writes match results from the uploader thread (stepping never waits on the store)."""
+
+    def __init__(self, store, worker: str):
+        self.writer = ResultWriter(store, worker)
+        self.worker = worker
+        self.pending: list[MatchResult] = []
+
+    def __call__(self, episodes: list[dict], now: float) -> None:
+        self.pending.extend(match_results(episodes, self.worker, now))
+        try:
+            self.writer.write(self.pending)
+            self.pending = []
+        except StoreError as e:
+            log.warning("match results not written yet (%s); %d waiting", e, len(self.pending))
+            del self.pending[:-10_000]  # bounded through a long outage
