@@ -7,7 +7,6 @@ The total is checked to be at least 10,000 objects.
 
 from __future__ import annotations
 
-import traceback
 import zlib
 
 import msgpack
@@ -72,16 +71,6 @@ DECODERS = {
 }
 
 
-def _is_known_bug(e: BaseException) -> bool:
-    """The one known non-FormatError (see test_known_bug_mixed_array_keys): sorting map keys of mixed
-    types while building the error message in decode_experience. Matched narrowly by type and line."""
-    if type(e) is not TypeError:
-        return False
-    last = traceback.extract_tb(e.__traceback__)[-1]
-    return (last.filename.endswith("experience.py") and last.name == "decode_experience"
-            and "sorted(arrays)" in (last.line or ""))
-
-
 def run(decoder: str, data: bytes) -> None:
     COUNT["objects"] += 1
     _, decode, _ = DECODERS[decoder]
@@ -89,10 +78,6 @@ def run(decoder: str, data: bytes) -> None:
         decode(data)
     except FormatError:
         pass
-    except TypeError as e:
-        if not _is_known_bug(e):
-            raise
-        COUNT["known_bug"] = COUNT.get("known_bug", 0) + 1
     # Any other exception propagates and fails the property.
 
 
@@ -243,27 +228,19 @@ def test_valid_objects_still_decode():
         decode(valid)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: rapid/experience.py decode_experience builds its error message "
-                                       "with sorted(arrays); arrays with keys of mixed types (int and str) raise "
-                                       "TypeError instead of FormatError")
-def test_known_bug_mixed_array_keys():
+def test_mixed_type_array_keys_regression():
+    """Found by this fuzzer: error messages sorted map keys of mixed types (TypeError). Fixed in bd9cc4e."""
     fmt, decode, valid = DECODERS["experience"]
     _, _, _, payload = msgpack.unpackb(valid, raw=False)
     tree = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     tree["arrays"] = {**tree["arrays"], 7: b"x"}
-    data = wrap(fmt, msgpack.packb(tree, use_bin_type=True, default=lambda o: o))
-    try:
-        decode(data)
-    except FormatError:
-        return
-    except TypeError as e:
-        assert _is_known_bug(e)  # the carve-out in run() matches exactly this failure
-        raise
+    with pytest.raises(FormatError):
+        decode(wrap(fmt, msgpack.packb(tree, use_bin_type=True, default=lambda o: o)))
 
 
 def test_zz_total_objects_fuzzed():
     """Runs last in file order; with all the tests above it counts ≥ 10,000 objects."""
-    print(f"fuzzed {COUNT['objects']} objects ({COUNT.get('known_bug', 0)} hit the known sorted(arrays) bug)")
+    print(f"fuzzed {COUNT['objects']} objects")
     if COUNT["objects"] == 0:
         pytest.skip("run with the rest of this file to count")
     assert COUNT["objects"] >= TOTAL_MIN >= 10_000
