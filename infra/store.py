@@ -21,7 +21,7 @@ import re
 import tempfile
 from pathlib import Path
 
-_SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+_SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 MAX_KEY_LENGTH = 512
 
 
@@ -44,7 +44,7 @@ def validate_key(key: str) -> str:
     if len(key) > MAX_KEY_LENGTH:
         raise InvalidKey(f"store key longer than {MAX_KEY_LENGTH} characters")
     for segment in key.split("/"):
-        if segment in ("", ".", "..") or not _SEGMENT.match(segment):
+        if segment in ("", ".", "..") or not _SEGMENT.fullmatch(segment):
             raise InvalidKey(f"invalid store key {key!r}: segment {segment!r} is not allowed")
     return key
 

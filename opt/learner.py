@@ -111,7 +111,7 @@ class Learner:
             frac = min(chunk, S - start) / S
             for key, val in (("policy_loss", pg), ("value_loss", vl), ("entropy", ent),
                              ("approx_kl", diag["approx_kl"]), ("clip_fraction", diag["clip_fraction"])):
-                totals[key] += float(val) * frac
+                totals[key] += float(val.detach()) * frac
             values_pred.append(value.detach().cpu().numpy() * scale)
         timings["forward_s"], timings["backward_s"] = t_forward, t_backward
         ta = time.perf_counter()

@@ -66,9 +66,31 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
     codec.require(adam, "state", dict, where)
     codec.require(adam, "param_groups", list, where)
     meta = codec.require(tree, "meta", dict, where)
+    if version < 0 or updates < 0:
+        raise FormatError(f"{where}: negative version or update count")
     if not all(isinstance(k, str) and isinstance(v, np.ndarray) for k, v in model.items()):
         raise FormatError(f"{where}: model tensors malformed")
+    for name, value in model.items():
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            raise FormatError(f"{where}: tensor {name!r} has non-finite values")
+    _check_adam(adam, where)
     return Checkpoint(version, updates, model, adam, meta)
+
+
+def _check_adam(adam: dict, where: str) -> None:
+    """The optimizer state's shape, so a bad one fails here as FormatError, not later inside torch."""
+    for key, entry in adam["state"].items():
+        if not isinstance(key, int) or not isinstance(entry, dict):
+            raise FormatError(f"{where}: Adam state entry {key!r} malformed")
+        if not all(isinstance(v, (np.ndarray, int, float)) and not isinstance(v, bool) for v in entry.values()):
+            raise FormatError(f"{where}: Adam state entry {key!r} holds non-numeric values")
+    for group in adam["param_groups"]:
+        ok = (isinstance(group, dict) and isinstance(group.get("params"), list)
+              and all(isinstance(p, int) for p in group["params"])
+              and isinstance(group.get("betas"), list) and len(group["betas"]) == 2
+              and all(isinstance(group.get(k), (int, float)) for k in ("lr", "eps")))
+        if not ok:
+            raise FormatError(f"{where}: Adam parameter group malformed")
 
 
 def save_checkpoint(store: Store, ckpt: Checkpoint, keep: int) -> str:

@@ -97,7 +97,7 @@ def decode(data: bytes, format_name: str, accepted_versions: tuple[int, ...], li
     name, version, crc, payload = envelope
     if name != format_name:
         raise FormatError(f"expected format {format_name!r}, got {name!r}")
-    if version not in accepted_versions:
+    if type(version) is not int or version not in accepted_versions:
         raise FormatError(f"{format_name} version {version!r} not supported (accepted: {accepted_versions})")
     if not isinstance(payload, bytes) or not isinstance(crc, int) or zlib.crc32(payload) != crc:
         raise FormatError(f"{format_name} checksum mismatch")
@@ -111,7 +111,8 @@ def decode(data: bytes, format_name: str, accepted_versions: tuple[int, ...], li
         return msgpack.unpackb(
             payload, raw=False, ext_hook=ext_hook, strict_map_key=False,
             max_array_len=limits.max_elements, max_map_len=limits.max_elements,
-            max_str_len=1 << 20, max_bin_len=limits.max_array_bytes, max_ext_len=limits.max_array_bytes,
+            max_str_len=1 << 20, max_bin_len=limits.max_array_bytes, max_ext_len=limits.max_array_bytes + 64,
+            timestamp=3,  # msgpack's Timestamp ext becomes a plain number, not an object
         )
     except FormatError:
         raise

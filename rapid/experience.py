@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import math
+
 import numpy as np
 
 from rapid import codec
@@ -92,6 +94,8 @@ def _check_episode(ep, where: str) -> dict:
         raise FormatError(f"{where}: episode record is not a map")
     for key, kind in _EPISODE_KEYS.items():
         codec.require(ep, key, kind, where)
+    if not math.isfinite(ep["learner_return"]):
+        raise FormatError(f"{where}: non-finite learner_return")
     if ep["winner"] not in ("learner", "opponent", "draw"):
         raise FormatError(f"{where}: bad winner {ep['winner']!r}")
     return ep
@@ -109,6 +113,8 @@ def decode_experience(data: bytes, shape: Shape) -> ExperienceBatch:
     opponents = codec.require(tree, "opponents", list, where)
     episodes = codec.require(tree, "episodes", list, where)
     env_steps = codec.require(tree, "env_steps", int, where)
+    if not math.isfinite(created):
+        raise FormatError(f"{where}: non-finite creation time")
     expected = shape.fields()
     if not all(isinstance(k, str) for k in arrays) or set(arrays) != set(expected):
         raise FormatError(f"{where}: arrays {sorted(map(str, arrays))} differ from {sorted(expected)}")

@@ -130,12 +130,17 @@ class ExperienceLoader:
         if self.retention_s <= 0:
             return
         cutoff = time.time() - self.retention_s
+        removed = 0
         while self._loaded_at and self._loaded_at[0][0] < cutoff:
             _, key = self._loaded_at.popleft()
             try:
                 self.store.delete(key)
                 self.stats.deleted += 1
+                removed += 1
                 self._seen.discard(key)
             except StoreError as e:
                 self.stats.store_errors += 1
                 log.warning("retention could not delete %s: %s", key, e)
+        if removed:
+            log.info("retention: deleted %d consumed experience object(s) older than %gs (%d in all)",
+                     removed, self.retention_s, self.stats.deleted)

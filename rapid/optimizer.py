@@ -16,15 +16,18 @@ from rapid.checkpoint import Checkpoint, load_latest_checkpoint, save_checkpoint
 from rapid.config import Config
 from rapid.errors import UsageError
 from rapid.experience import Shape
-from rapid.league import League, ResultFolder, ensure_bots
+from rapid.errors import FormatError
+from rapid.infra.store import StoreError
+from rapid.league import League, PoolConflict, ResultFolder, ensure_bots
 from rapid.loader import ExperienceLoader
 from rapid.monitoring.metrics import OptimizerMetrics
 from rapid.opt.buffer import ExperienceBuffer
 from rapid.opt.learner import Learner, LearnerSettings
-from rapid.params import ParameterStore
+from rapid.params import ParameterStore, ParamsObject
 from rapid.runtime import JsonlLog, StopFlag, build_policy, env_spec, open_run_store, setup_logging, start_metrics
 
 FOLD_EVERY_S = 5.0
+LEAGUE_ERRORS = (StoreError, FormatError, PoolConflict, ValueError, ArithmeticError)
 
 
 @dataclass
@@ -220,16 +223,21 @@ class LeagueKeeper:
     def after_publish(self, version: int, policy) -> None:
         every = self.cfg.league.snapshot_every
         if every and version % every == 0:
-            from rapid.params import ParamsObject
-
-            self.league.add_snapshot(ParamsObject(version, policy.tensors(), {"source": "optimizer"}))
-            self.log.info("snapshot of v%d joined the pool", version)
+            try:
+                self.league.add_snapshot(ParamsObject(version, policy.tensors(), {"source": "optimizer"}))
+                self.log.info("snapshot of v%d joined the pool", version)
+            except LEAGUE_ERRORS as e:
+                self.log.warning("snapshot of v%d not added: %s", version, e)
 
     def fold_if_due(self) -> None:
         if time.monotonic() < self.next_fold:
             return
         self.next_fold = time.monotonic() + FOLD_EVERY_S
-        report = self.folder.fold_pending()
+        try:
+            report = self.folder.fold_pending()
+        except LEAGUE_ERRORS as e:
+            self.log.warning("match results not folded yet: %s", e)
+            return
         if report.bad_objects:
             self.log.warning("skipped %d bad match-result objects", report.bad_objects)
 

@@ -110,6 +110,7 @@ class Uploader:
                 if self.on_failure:
                     self.on_failure()
                 log.warning("upload of %s failed (%s); %d object(s) waiting", key, e, len(self._backlog))
+                self.stats.backlog = len(self._backlog)
                 return
             self._backlog.popleft()
             self.stats.objects += 1

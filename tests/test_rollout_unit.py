@@ -211,8 +211,6 @@ def test_uploader_backlog_bound(tmp_path, segments):
     assert up.stats.samples == sum(s.arrays["version"].shape[0] for s in segments[1:])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: rapid/uploader.py Uploader._drain returns on a StoreError before "
-                                       "updating stats.backlog, so flush() during an outage leaves it stale")
 def test_uploader_backlog_stat_after_failed_flush(tmp_path, segments):
     up = Uploader(_DownStore(tmp_path / "s"), worker="w0", interval_s=3600, max_backlog=2)
     for seg in segments:

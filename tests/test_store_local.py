@@ -165,8 +165,6 @@ def test_bad_key_types():
             validate_key(key)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: infra/store.py _SEGMENT uses `$`, which also matches before a "
-                                       "trailing newline, so 'abc\\n' passes validate_key")
 def test_trailing_newline_key_rejected(tmp_path):
     s = LocalStore(tmp_path / "root")
     with pytest.raises(InvalidKey):

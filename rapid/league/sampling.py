@@ -97,9 +97,15 @@ def past_probabilities(state: PoolState, config: SamplingConfig) -> dict[str, fl
     return quality_probabilities(state.snapshots())
 
 
+MIN_UPDATE_PROBABILITY = 0.01
+"""Floor on p in the quality update. Workers sample from a pool copy up to ``refresh_s`` old, so a snapshot
+can still be played (and beaten) after its p fell near zero; without a floor one such win subtracts
+η/(N·p) ≈ ∞ and the pool breaks. With it, one win moves q by at most η/(N·0.01) = 1/N for η = 0.01."""
+
+
 def quality_update(quality: float, probability: float, n_snapshots: int, eta: float) -> float:
-    """OpenAI Five, after the learner beats a snapshot: q ← q − η / (N·p)."""
-    return quality - eta / (n_snapshots * probability)
+    """OpenAI Five, after the learner beats a snapshot: q ← q − η / (N·p), p floored (see above)."""
+    return quality - eta / (n_snapshots * max(probability, MIN_UPDATE_PROBABILITY))
 
 
 def opponent_distribution(state: PoolState, config: SamplingConfig) -> dict[str, float]:
