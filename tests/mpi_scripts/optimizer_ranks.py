@@ -1,0 +1,69 @@
+"""Run under ``mpiexec -n N``: the real optimizer loop (``rapid.optimizer.run_optimizer``) on every rank,
+then prove the ranks ended with bit-identical parameters.
+
+The roles do not expose a rank's weights, so this driver swaps ``rapid.optimizer.Learner`` for a subclass
+that only remembers its instance (the real learner, real all-reduce, real data from a rollout worker) and,
+after the run ends by itself at ``run.updates``, gathers a digest of every rank's weights, normalizer
+buffers and Adam state. Rank 0 prints one JSON line, ``RESULT {...}``; any failure aborts the job.
+
+Usage: ``mpiexec -n 2 python optimizer_ranks.py CONFIG.toml``
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+
+import numpy as np
+
+
+def digest(tensors: dict[str, np.ndarray]) -> str:
+    """sha256 over names, dtypes, shapes and raw bytes: equal only if every value is bit-identical."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        value = np.ascontiguousarray(tensors[name])
+        h.update(f"{name}:{value.dtype.str}:{value.shape}".encode())
+        h.update(value.tobytes())
+    return h.hexdigest()
+
+
+def adam_digest(adam) -> str:
+    state = adam.state_dict()["state"]
+    return digest({f"{i}.{k}": v.detach().cpu().numpy() for i, s in state.items() for k, v in s.items()
+                   if hasattr(v, "detach")})
+
+
+def main(config_path: str) -> None:
+    from mpi4py import MPI
+
+    import rapid.optimizer
+    from rapid.config import load_config
+    from rapid.infra.distributed import abort_on_error, detect_identity, init_process_group
+    from rapid.runtime import StopFlag
+
+    learners = []
+
+    class RecordingLearner(rapid.optimizer.Learner):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            learners.append(self)
+
+    rapid.optimizer.Learner = RecordingLearner
+    identity = detect_identity()
+    with abort_on_error(identity):
+        cfg = load_config(config_path)
+        rank = rapid.optimizer.RankInfo(identity.rank, identity.size, identity.local_rank)
+        with init_process_group(identity, timeout=120) as ctx:
+            assert ctx.backend == "gloo", ctx.backend
+            code = rapid.optimizer.run_optimizer(cfg, rank=rank, ctx=ctx, stop=StopFlag(install_signals=False))
+        (learner,) = learners
+        mine = {"rank": identity.rank, "exit": code, "updates": learner.updates, "skipped": learner.skipped,
+                "params": digest(learner.policy.tensors()), "adam": adam_digest(learner.adam)}
+        everyone = MPI.COMM_WORLD.gather(mine, root=0)
+        if identity.rank == 0:
+            print("RESULT " + json.dumps(everyone), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

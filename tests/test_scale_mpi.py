@@ -1,0 +1,298 @@
+"""Scale-out, end to end (issue 4): real ``mpiexec`` (pip's MPICH) running the real roles, a real
+S3-compatible server (``moto_server``) on loopback, and the loader's listing and retention against it.
+
+Nothing here is skipped: a missing ``mpiexec`` or ``moto_server`` fails, since these tests are the proof
+that ``mpiexec -n N rapid-optimizer`` and ``mpiexec -n M rapid-rollout`` work. Timeouts are hang guards only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import boto3
+import numpy as np
+import pytest
+
+from rapid.checkpoint import load_latest_checkpoint
+from rapid.config import load_config
+from rapid.experience import ExperienceBatch, Shape, encode_experience, experience_key
+from rapid.infra.s3 import S3Store
+from rapid.infra.store import LocalStore
+from rapid.loader import ExperienceLoader, owner_rank
+from rapid.opt.buffer import ExperienceBuffer
+from rapid.params import ParameterStore
+from rapid.runtime import env_spec, read_jsonl
+from tests.mpi_scripts.optimizer_ranks import digest
+from tests.s3_server import DUMMY_CREDENTIALS
+
+BIN = Path(sys.executable).parent
+MPIEXEC = BIN / "mpiexec"
+SCRIPTS = Path(__file__).parent / "mpi_scripts"
+# Variables a surrounding launcher may have set; a child must not think it is already an MPI rank.
+_LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+                  "PMIX_RANK", "MPI_LOCALNRANKS", "MPI_LOCALRANKID", "SLURM_PROCID", "SLURM_NTASKS",
+                  "RAPID_RANK", "RAPID_WORLD_SIZE", "RAPID_WORKER_ID", "AWS_PROFILE")
+# Small enough for a 2-core machine shared with other jobs; big enough that every rank trains on its own data.
+SMALL = """\
+[run]
+name = "scale"
+dir = "{run_dir}"
+updates = {updates}
+[env]
+name = "pettingzoo.classic.connect_four_v3"
+num_games = 16
+[model]
+hidden = 32
+lstm = 32
+[rollout]
+upload_interval_s = 1.0
+param_poll_s = 1.0
+[optimizer]
+batch_samples = 32
+buffer_samples = 1024
+checkpoint_every = 1000
+max_reuse = 4.0
+[eval]
+interval_s = 0
+[metrics]
+enabled = false
+[store]
+url = "{store_url}"
+endpoint_url = "{endpoint}"
+"""
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def write_config(tmp_path: Path, updates: int, store_url: str = "", endpoint: str = "") -> Path:
+    path = tmp_path / "run.toml"
+    path.write_text(SMALL.format(run_dir=(tmp_path / "run").as_posix(), updates=updates, store_url=store_url,
+                                 endpoint=endpoint))
+    return path
+
+
+def mpiexec(n: int, *command: str) -> list[str]:
+    assert MPIEXEC.exists(), f"no mpiexec next to {sys.executable}: pip install mpich"
+    return [str(MPIEXEC), "-n", str(n), *command]
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 20.0) -> tuple[int, str]:
+    """SIGTERM, then wait (a hang guard: the process must end by itself within ``timeout``)."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f"{proc.args} did not end within {timeout:.0f}s of SIGTERM:\n{err[-2000:]}")
+    return proc.returncode, err
+
+
+def make_experience(shape: Shape, worker: str, seq: int, samples: int, version: int = 0,
+                    rng: np.random.Generator | None = None) -> ExperienceBatch:
+    """A valid experience object of ``samples`` samples (every action allowed, first step of each sample
+    starts a game), with every sample stamped ``version``: the decoder accepts it like a rollout's."""
+    rng = rng or np.random.default_rng(seq)
+    S, T = samples, shape.bptt
+    first = np.zeros((S, T), bool)
+    first[:, 0] = True
+    arrays = {
+        "obs": rng.standard_normal((S, T, shape.obs_dim)).astype(np.float32),
+        "mask": np.ones((S, T, shape.mask_dim), bool),
+        "actions": np.zeros((S, T, shape.heads), np.int64),
+        "logp": np.full((S, T), -1.9, np.float32),
+        "values": rng.standard_normal((S, T)).astype(np.float32),
+        "advantages": rng.standard_normal((S, T)).astype(np.float32),
+        "returns": rng.standard_normal((S, T)).astype(np.float32),
+        "active": np.ones((S, T), bool), "own": np.ones((S, T), bool), "first": first,
+        "h0": np.zeros((S, shape.lstm), np.float32), "c0": np.zeros((S, shape.lstm), np.float32),
+        "version": np.full(S, version, np.int64), "opponent": np.zeros(S, np.int32),
+    }
+    return ExperienceBatch(worker, seq, time.time(), arrays, ["latest"], [], env_steps=S * T)
+
+
+def connect_four_shape(cfg) -> Shape:
+    """The shape ``run_optimizer`` derives for this config."""
+    spec = env_spec(cfg)
+    return Shape(bptt=cfg.rollout.bptt, obs_dim=spec.obs_dim, mask_dim=spec.mask_dim,
+                 heads=len(spec.action_heads), lstm=cfg.model.lstm)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_optimizer_ranks_end_the_run_with_bit_identical_parameters(tmp_path, ranks):
+    config = write_config(tmp_path, updates=6)
+    rollout = subprocess.Popen([str(BIN / "rapid"), "rollout", "--config", str(config), "--worker-id", "w0"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=child_env())
+    try:
+        result = subprocess.run(mpiexec(ranks, sys.executable, str(SCRIPTS / "optimizer_ranks.py"), str(config)),
+                                capture_output=True, text=True, timeout=240, env=child_env())
+    finally:
+        rollout_code, rollout_err = stop_process(rollout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert rollout_code == 0, rollout_err[-2000:]
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("RESULT ")]
+    ranks_seen = json.loads(line[len("RESULT "):])
+    assert [r["rank"] for r in ranks_seen] == list(range(ranks))
+    assert all(r["exit"] == 0 and r["updates"] == 6 and r["skipped"] == 0 for r in ranks_seen), ranks_seen
+    assert len({r["params"] for r in ranks_seen}) == 1, "parameters differ across ranks"
+    assert len({r["adam"] for r in ranks_seen}) == 1, "Adam state differs across ranks"
+
+    # What the ranks hold is what rank 0 published last and checkpointed at the end.
+    store = LocalStore(tmp_path / "run" / "store")
+    params = ParameterStore(store)
+    assert params.versions() == list(range(7)) and params.latest_version() == 6
+    assert digest(params.fetch(6).tensors) == ranks_seen[0]["params"]
+    assert digest(params.fetch(5).tensors) != ranks_seen[0]["params"]
+    ckpt = load_latest_checkpoint(store)
+    assert (ckpt.version, ckpt.updates) == (6, 6) and digest(ckpt.model) == ranks_seen[0]["params"]
+    log = read_jsonl(tmp_path / "run" / "logs" / "optimizer.jsonl")
+    assert [r["update"] for r in log] == list(range(1, 7))
+
+
+def test_two_rollout_ranks_and_two_optimizer_ranks_against_s3(tmp_path, s3_server, monkeypatch):
+    bucket = f"rapid-e2e-{os.getpid()}"
+    boto3.client("s3", endpoint_url=s3_server, **{k.lower(): v for k, v in DUMMY_CREDENTIALS.items()
+                                                    if k != "AWS_DEFAULT_REGION"},
+                 region_name="us-east-1").create_bucket(Bucket=bucket)
+    config = write_config(tmp_path, updates=8, store_url=f"s3://{bucket}/run", endpoint=s3_server)
+    env = child_env(**DUMMY_CREDENTIALS)
+    rollouts = subprocess.Popen(mpiexec(2, str(BIN / "rapid-rollout"), "--config", str(config)),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        optimizers = subprocess.run(mpiexec(2, str(BIN / "rapid-optimizer"), "--config", str(config)),
+                                    capture_output=True, text=True, timeout=240, env=env)
+    finally:
+        rollout_code, rollout_err = stop_process(rollouts)
+    assert optimizers.returncode == 0, optimizers.stderr[-3000:]
+    assert rollout_code == 0, rollout_err[-3000:]
+    for worker in ("w0", "w1"):  # identity from the MPI rank; each stopped cleanly on SIGTERM
+        assert f"worker {worker} stopped" in rollout_err, rollout_err[-3000:]
+
+    for name, value in DUMMY_CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    store = S3Store(f"s3://{bucket}/run", endpoint_url=s3_server)
+    params = ParameterStore(store)
+    assert params.versions() == list(range(9)) and params.latest_version() == 8
+    assert [params.fetch(v).version for v in (1, 8)] == [1, 8]
+    uploaded = store.list("experience/")
+    assert {key.split("/")[1] for key in uploaded} == {"w0", "w1"}, uploaded
+    assert load_latest_checkpoint(store).version == 8
+
+    log = read_jsonl(tmp_path / "run" / "logs" / "optimizer.jsonl")
+    assert [r["update"] for r in log] == list(range(1, 9))
+    assert [r["version"] for r in log] == list(range(1, 9))
+    for record in log:
+        assert 0 <= record["staleness_mean"] <= record["staleness_max"] <= 8, record
+        assert 0 < record["sample_reuse"] <= 4.0, record
+    assert log[-1]["samples_consumed"] >= 8 * 32
+
+
+def _put_experience(store, shape: Shape, count: int) -> list[str]:
+    """``count`` one-sample objects; object i is stamped version i, so the buffer says which were loaded."""
+    keys = [experience_key(f"w{i % 7}", "inc", i) for i in range(count)]
+
+    def put(i: int) -> None:
+        store.put(keys[i], encode_experience(make_experience(shape, f"w{i % 7}", i, samples=1, version=i)))
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(put, range(count)))
+    return keys
+
+
+def _loaded_versions(buffer: ExperienceBuffer, count: int) -> set[int]:
+    batch = buffer.sample(count, current_version=10**6, rng=np.random.default_rng(0))
+    assert batch is not None, f"the buffer holds fewer than {count} samples"
+    return set(batch[0]["version"].tolist())
+
+
+TINY = Shape(bptt=2, obs_dim=3, mask_dim=2, heads=1, lstm=2)
+
+
+def test_loader_lists_and_loads_more_than_1000_objects_from_s3(s3_store):
+    keys = _put_experience(s3_store, TINY, 1100)
+    assert len(s3_store.list("experience/")) == 1100  # past S3's 1,000-key page
+
+    buffer = ExperienceBuffer(capacity=2000, max_staleness=10**9)
+    loader = ExperienceLoader(s3_store, TINY, buffer, rank=0, world=1, retention_s=0)
+    assert loader.poll_once() == 1100
+    assert loader.stats.objects == 1100 and loader.stats.bad_objects == 0
+    assert _loaded_versions(buffer, 1100) == set(range(1100))
+    assert loader.poll_once() == 0  # nothing is loaded twice
+
+    shares = []
+    for rank in (0, 1):
+        buffer = ExperienceBuffer(capacity=2000, max_staleness=10**9)
+        loader = ExperienceLoader(s3_store, TINY, buffer, rank=rank, world=2, retention_s=0)
+        expected = {i for i, key in enumerate(keys) if owner_rank(key, 2) == rank}
+        assert 0 < loader.poll_once() == len(expected)
+        shares.append(_loaded_versions(buffer, len(expected)))
+        assert shares[-1] == expected
+    assert shares[0].isdisjoint(shares[1]) and shares[0] | shares[1] == set(range(1100))
+
+
+def test_retention_deletes_this_ranks_loaded_objects_and_nothing_else(s3_store):
+    keys = _put_experience(s3_store, TINY, 40)
+    s3_store.put("experience/w0/notes.txt", b"not an experience object")
+    params = ParameterStore(s3_store)
+    params.publish(0, {"w": np.zeros(3, np.float32)})
+    others = {"checkpoints/000000000000.rck": b"ckpt", "checkpoints/LATEST": b"0",
+              "league/pool.json": b"{}", "league/snapshots/snap-0.rpm": b"snap",
+              "league/results/w0/000000000001.rmr": b"result"}
+    for key, data in others.items():
+        s3_store.put(key, data)
+    mine = {k for k in keys if owner_rank(k, 2) == 0}
+    before = {key: s3_store.get(key) for key in s3_store.list("")}
+
+    loader = ExperienceLoader(s3_store, TINY, ExperienceBuffer(100, 10**9), rank=0, world=2, retention_s=0.01)
+    assert loader.poll_once() == len(mine) > 0
+    time.sleep(0.05)  # let the tiny retention time pass; the next poll expires what was loaded
+    assert loader.poll_once() == 0
+    assert loader.stats.deleted == len(mine)
+    after = {key: s3_store.get(key) for key in s3_store.list("")}
+    assert set(after) == set(before) - mine
+    assert all(after[key] == before[key] for key in after)  # the rest untouched, byte for byte
+    assert params.latest_version() == 0 and params.fetch(0).version == 0
+
+
+def test_retention_logs_what_it_removed(s3_store, caplog):
+    keys = _put_experience(s3_store, TINY, 6)
+    loader = ExperienceLoader(s3_store, TINY, ExperienceBuffer(100, 10**9), retention_s=0.01)
+    caplog.set_level("INFO", logger="rapid.loader")
+    loader.poll_once()
+    time.sleep(0.05)
+    loader.poll_once()
+    assert s3_store.list("experience/") == [] and loader.stats.deleted == len(keys)
+    assert any("retention" in r.getMessage() and str(len(keys)) in r.getMessage() for r in caplog.records)
+
+
+def test_a_rank_that_raises_ends_the_job_with_one_clear_line(tmp_path):
+    config = write_config(tmp_path, updates=50)
+    cfg = load_config(config)
+    store = LocalStore(tmp_path / "run" / "store")
+    shape = connect_four_shape(cfg)
+    # Version-0 experience for both ranks' shares (four objects each), so no rollout is needed.
+    keys = [experience_key("w0", "inc", seq) for seq in range(100)]
+    for rank in (0, 1):
+        for seq, key in [(s, k) for s, k in enumerate(keys) if owner_rank(k, 2) == rank][:4]:
+            store.put(key, encode_experience(make_experience(shape, "w0", seq, 64)))
+
+    result = subprocess.run(mpiexec(2, sys.executable, str(SCRIPTS / "optimizer_rank_fails.py"), str(config)),
+                            capture_output=True, text=True, timeout=120, env=child_env())
+    assert result.returncode != 0
+    lines = [x for x in result.stderr.splitlines() if x.startswith("rapid: rank")]
+    assert lines == ["rapid: rank 1: RuntimeError: injected failure in update 2 on this rank"], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    # The failure came from inside the update loop: every rank had finished update 1 together.
+    log = read_jsonl(tmp_path / "run" / "logs" / "optimizer.jsonl")
+    assert [r["update"] for r in log] == [1]
