@@ -223,21 +223,20 @@ def test_loader_lists_and_loads_more_than_1000_objects_from_s3(s3_store):
     keys = _put_experience(s3_store, TINY, 1100)
     assert len(s3_store.list("experience/")) == 1100  # past S3's 1,000-key page
 
-    buffer = ExperienceBuffer(capacity=2000, max_staleness=10**9)
-    loader = ExperienceLoader(s3_store, TINY, buffer, rank=0, world=1, retention_s=0)
-    assert loader.poll_once() == 1100
-    assert loader.stats.objects == 1100 and loader.stats.bad_objects == 0
-    assert _loaded_versions(buffer, 1100) == set(range(1100))
-    assert loader.poll_once() == 0  # nothing is loaded twice
-
-    shares = []
-    for rank in (0, 1):
+    def load_share(rank: int) -> tuple[ExperienceLoader, ExperienceBuffer, int]:
         buffer = ExperienceBuffer(capacity=2000, max_staleness=10**9)
         loader = ExperienceLoader(s3_store, TINY, buffer, rank=rank, world=2, retention_s=0)
+        return loader, buffer, loader.poll_once()
+
+    with ThreadPoolExecutor(2) as pool:  # two optimizer ranks polling the same bucket at once
+        results = list(pool.map(load_share, (0, 1)))
+    shares = []
+    for rank, (loader, buffer, loaded) in enumerate(results):
         expected = {i for i, key in enumerate(keys) if owner_rank(key, 2) == rank}
-        assert 0 < loader.poll_once() == len(expected)
-        shares.append(_loaded_versions(buffer, len(expected)))
+        assert 0 < loaded == len(expected) == loader.stats.objects and loader.stats.bad_objects == 0
+        shares.append(_loaded_versions(buffer, loaded))
         assert shares[-1] == expected
+        assert loader.poll_once() == 0  # nothing is loaded twice
     assert shares[0].isdisjoint(shares[1]) and shares[0] | shares[1] == set(range(1100))
 
 
