@@ -1,0 +1,138 @@
+"""The deployment assets in ``infra/deploy`` (Slurm, Kubernetes, Docker, compose) are plain files that CI
+cannot run (no Slurm, Kubernetes or Docker here), so check what can be checked: they parse, every rapid
+command they start is a real console script of this package, every file they mount exists, and the
+sbatch script is valid bash.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "infra" / "deploy"
+SCRIPTS = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"])
+YAML_FILES = sorted([*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml")])
+_RAPID_WORD = re.compile(r"(?<![\w./-])(rapid(?:-[a-z]+)?)(?![\w./-])")
+
+
+def rapid_commands(text: str) -> set[str]:
+    """Words that are used as a rapid command: ``rapid``/``rapid-…`` followed by a subcommand or flag."""
+    found = set()
+    for line in text.splitlines():
+        for match in _RAPID_WORD.finditer(line):
+            rest = line[match.end():].lstrip()
+            if rest.startswith(("--", "\"${", "train", "optimizer", "rollout", "league", "eval", "monitor")):
+                found.add(match.group(1))
+    return found
+
+
+def test_every_deploy_asset_listed_in_the_brief_exists():
+    for rel in ("slurm/rapid.sbatch", "k8s/optimizer-mpijob.yaml", "k8s/rollout-deployment.yaml",
+                "k8s/secret-example.yaml", "docker/Dockerfile", "compose.yaml"):
+        assert (DEPLOY / rel).is_file(), rel
+
+
+@pytest.mark.parametrize("path", YAML_FILES, ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_yaml_parses(path):
+    documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    assert documents and all(isinstance(d, dict) for d in documents)
+
+
+def _containers(doc: dict) -> list[dict]:
+    if doc["kind"] == "MPIJob":
+        specs = doc["spec"]["mpiReplicaSpecs"].values()
+        return [c for s in specs for c in s["template"]["spec"]["containers"]]
+    return doc["spec"]["template"]["spec"]["containers"]
+
+
+def test_kubernetes_workloads_run_real_console_scripts():
+    mpijob = yaml.safe_load((DEPLOY / "k8s/optimizer-mpijob.yaml").read_text())
+    assert (mpijob["apiVersion"], mpijob["kind"]) == ("kubeflow.org/v2beta1", "MPIJob")
+    (launcher,) = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
+    command = launcher["command"]
+    assert command[0] in ("mpiexec", "mpirun") and "rapid-optimizer" in command
+    ranks = int(command[command.index("-n") + 1])
+    workers = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]
+    assert ranks == workers["replicas"] * mpijob["spec"]["slotsPerWorker"]
+    (worker,) = workers["template"]["spec"]["containers"]
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == mpijob["spec"]["slotsPerWorker"]
+
+    deployment = yaml.safe_load((DEPLOY / "k8s/rollout-deployment.yaml").read_text())
+    assert deployment["kind"] == "Deployment"
+    (rollout,) = _containers(deployment)
+    shell = " ".join(rollout["args"])
+    assert shlex.split(shell)[:2] == ["exec", "rapid-rollout"]
+    env = {e["name"]: e for e in rollout["env"]}
+    assert env["RAPID_WORKER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    # The seed expression is valid POSIX shell and gives different seeds to different pods.
+    seeds = {subprocess.run(["sh", "-c", "echo " + shell.split("--seed ", 1)[1]], capture_output=True, text=True,
+                            env={"RAPID_WORKER_ID": name, "PATH": "/usr/bin:/bin"}, check=True).stdout.strip()
+             for name in ("rapid-rollout-7c9f-a1", "rapid-rollout-7c9f-b2")}
+    assert len(seeds) == 2 and all(s.isdigit() for s in seeds)
+
+    secret = yaml.safe_load((DEPLOY / "k8s/secret-example.yaml").read_text())
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"} <= set(secret["stringData"])
+    for container in (launcher, worker, rollout):
+        assert {"secretRef": {"name": secret["metadata"]["name"]}} in container["envFrom"]
+
+
+def test_config_example_is_a_valid_rapid_config():
+    from rapid.config import build_config
+
+    configmap = yaml.safe_load((DEPLOY / "k8s/config-example.yaml").read_text())
+    cfg = build_config(tomllib.loads(configmap["data"]["run.toml"]))
+    assert cfg.store.url.startswith("s3://")
+    assert cfg.optimizer.batch_samples % cfg.optimizer.microbatch_samples == 0
+
+
+def test_every_rapid_command_in_the_assets_is_a_console_script():
+    used = set()
+    for path in [DEPLOY / "slurm/rapid.sbatch", DEPLOY / "docker/Dockerfile", *YAML_FILES]:
+        commands = rapid_commands(path.read_text())
+        assert commands <= SCRIPTS, f"{path.name}: {sorted(commands - SCRIPTS)} are not console scripts"
+        used |= commands
+    assert {"rapid", "rapid-optimizer", "rapid-rollout"} <= used
+
+
+def test_sbatch_script_is_valid_bash_and_starts_both_roles():
+    path = DEPLOY / "slurm/rapid.sbatch"
+    result = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    text = path.read_text()
+    assert "#SBATCH hetjob" in text and "AWS_ENDPOINT_URL" in text
+    steps = [line.strip() for line in text.splitlines() if line.strip().startswith("srun ")]
+    assert any("--het-group=0" in s and "--kill-on-bad-exit=1" in s for s in steps), steps
+    assert any("--het-group=1" in s for s in steps), steps
+
+
+def test_compose_mounts_files_that_exist():
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    assert {"minio", "prometheus", "grafana"} <= set(compose["services"])
+    mounted = []
+    for service in compose["services"].values():
+        for volume in service.get("volumes", []):
+            source = volume.split(":", 1)[0]
+            if source.startswith("."):
+                mounted.append((DEPLOY / source).resolve())
+    assert ROOT / "monitoring" / "grafana-dashboard.json" in mounted
+    assert ROOT / "monitoring" / "prometheus.yml" in mounted and ROOT / "monitoring" / "alerts.yml" in mounted
+    missing = [str(p) for p in mounted if not p.exists()]
+    assert not missing, missing
+
+
+def test_dockerfile_installs_torch_from_a_build_arg_index_then_the_package():
+    text = (DEPLOY / "docker/Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.\d+-slim", text, re.M)
+    assert re.search(r"^ARG TORCH_INDEX=", text, re.M)
+    torch_line = next(i for i, line in enumerate(text.splitlines()) if "pip install" in line and "torch" in line)
+    package_line = next(i for i, line in enumerate(text.splitlines()) if re.search(r"pip install \"?\.", line))
+    assert "--index-url \"$TORCH_INDEX\"" in text.splitlines()[torch_line] and torch_line < package_line
+    for source in re.findall(r"^COPY (\S+) ", text, re.M):
+        assert (ROOT / source).exists(), source
