@@ -73,6 +73,30 @@ class Learner:
             scale = self.policy.return_scale
             scale.copy_(torch.sqrt(0.99 * scale**2 + 0.01 * max(ret_sq, 1e-8)).clamp(min=1e-3))
 
+    def _buffers_finite(self) -> bool:
+        return all(bool(torch.isfinite(b).all()) for b in self.policy.buffers() if b.is_floating_point())
+
+    def _agree_finite(self, finite: bool) -> bool:
+        """Every rank must skip the same updates, or their parameters drift apart."""
+        if self.all_reduce_scalars is None:
+            return finite
+        return self.all_reduce_scalars({"nonfinite": float(not finite)})["nonfinite"] == 0.0
+
+    def _restore(self, saved: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for name, b in self.policy.named_buffers():
+                b.copy_(saved[name])
+
+    def _skip(self, saved: dict[str, torch.Tensor], t0: float) -> dict[str, float]:
+        """Non-finite normalizer statistics: nothing is applied, the forward pass is not even run."""
+        self._restore(saved)
+        self.skipped += 1
+        nan = float("nan")
+        return {"policy_loss": nan, "value_loss": nan, "entropy": nan, "approx_kl": nan, "clip_fraction": nan,
+                "grad_norm": nan, "explained_variance": nan, "entropy_coef": self.entropy_coef(),
+                "lr": self.settings.lr, "skipped": 1.0, "update_s": time.perf_counter() - t0,
+                "forward_s": 0.0, "backward_s": 0.0, "allreduce_s": 0.0, "step_s": 0.0}
+
     def entropy_coef(self) -> float:
         s = self.settings
         return losses.linear_schedule(s.entropy_coef, s.entropy_final, s.entropy_anneal_updates, self.updates)
@@ -81,7 +105,12 @@ class Learner:
         s = self.settings
         timings = {}
         t0 = time.perf_counter()
+        # A skipped update must leave no trace: the normalizers are buffers of the model and would otherwise
+        # carry an overflow (extreme but finite experience) into every later update and published version.
+        saved = {name: b.detach().clone() for name, b in self.policy.named_buffers()}
         self._update_normalizers(batch)
+        if not self._agree_finite(self._buffers_finite()):
+            return self._skip(saved, t0)
         scale = float(self.policy.return_scale)
         S = batch["obs"].shape[0]
         chunk = s.microbatch or S
@@ -120,12 +149,13 @@ class Learner:
         timings["allreduce_s"] = time.perf_counter() - ta
         ta = time.perf_counter()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, s.max_grad_norm))
-        finite = math.isfinite(grad_norm) and all(math.isfinite(v) for v in totals.values())
+        finite = self._agree_finite(math.isfinite(grad_norm) and all(math.isfinite(v) for v in totals.values()))
         if finite:
             self.adam.step()
             self.updates += 1
         else:
             self.skipped += 1
+            self._restore(saved)
         self.adam.zero_grad(set_to_none=True)
         timings["step_s"] = time.perf_counter() - ta
         ev = losses.explained_variance(np.concatenate(values_pred).ravel(), batch["returns"].ravel())

@@ -69,11 +69,23 @@ class ParameterStore:
         self.store = store
 
     def publish(self, version: int, tensors: dict[str, np.ndarray], meta: dict | None = None) -> None:
+        for name, value in tensors.items():  # readers would reject it: never publish it
+            if np.asarray(value).dtype.kind == "f" and not np.isfinite(value).all():
+                raise ValueError(f"refusing to publish v{version}: tensor {name!r} has non-finite values")
         data = encode_params(ParamsObject(version, tensors, meta or {}))
         if not self.store.put_if_absent(params_key(version), data):
-            raise FileExistsError(f"parameter version {version} is already published")
+            # A retry after an ambiguous failure (the PUT landed, its answer was lost) finds its own bytes:
+            # that is this publish succeeding, not a reused version.
+            if self._existing(version) != data:
+                raise FileExistsError(f"parameter version {version} is already published")
         # LATEST only after the version object exists, so a reader never follows a dangling pointer.
         self.store.put(LATEST_KEY, str(version).encode())
+
+    def _existing(self, version: int) -> bytes | None:
+        try:
+            return self.store.get(params_key(version))
+        except KeyNotFound:
+            return None
 
     def latest_version(self) -> int | None:
         try:
