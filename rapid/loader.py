@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from rapid.errors import FormatError
 from rapid.experience import Shape, decode_experience
-from rapid.infra.store import KeyNotFound, Store, StoreError
+from rapid.infra.store import InvalidKey, KeyNotFound, Store, StoreError
 from rapid.opt.buffer import ExperienceBuffer
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,8 @@ class LoaderStats:
 
 def owner_rank(key: str, world: int) -> int:
     """Which optimizer rank consumes an object: a stable hash, so shares are disjoint and balanced."""
-    return zlib.crc32(key.encode()) % world
+    # surrogateescape: a listed file name that is not UTF-8 must not kill the loader thread here
+    return zlib.crc32(key.encode("utf-8", "surrogateescape")) % world
 
 
 class ExperienceLoader:
@@ -98,6 +99,11 @@ class ExperienceLoader:
         except KeyNotFound:
             self._seen.add(key)  # deleted by retention elsewhere
             return 0
+        except InvalidKey as e:
+            # A listed name the store refuses to read (odd characters put there behind rapid's back):
+            # a bad object like any other, not a reason for the loader thread to die.
+            self._seen.add(key)
+            return self._bad(key, str(e))
         except StoreError as e:
             self.stats.store_errors += 1
             log.warning("download of %s failed: %s", key, e)
@@ -107,11 +113,7 @@ class ExperienceLoader:
         try:
             batch = decode_experience(data, self.shape)
         except FormatError as e:
-            self.stats.bad_objects += 1
-            log.warning("skipping bad experience object %s: %s", key, e)
-            if self.on_bad:
-                self.on_bad(key, str(e))
-            return 0
+            return self._bad(key, str(e))
         self.buffer.add(batch.arrays)
         self.stats.objects += 1
         self.stats.samples += batch.num_samples
@@ -124,6 +126,13 @@ class ExperienceLoader:
         if self.on_load:
             self.on_load(batch.num_samples, len(data), seconds)
         return 1
+
+    def _bad(self, key: str, why: str) -> int:
+        self.stats.bad_objects += 1
+        log.warning("skipping bad experience object %r: %s", key, why)
+        if self.on_bad:
+            self.on_bad(key, why)
+        return 0
 
     def _expire(self) -> None:
         """Delete loaded objects older than the retention time: a long run must not fill the bucket."""
