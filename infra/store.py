@@ -19,7 +19,9 @@ import abc
 import os
 import re
 import tempfile
+import time
 from pathlib import Path
+from typing import Callable
 
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 MAX_KEY_LENGTH = 512
@@ -178,6 +180,54 @@ class LocalStore(Store):
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
+
+
+class ObservedStore(Store):
+    """Any store, with every operation reported as ``observer(op, nbytes, seconds, ok)`` (for metrics).
+
+    A missing key is an answer, not a failure: it is reported with ok=True.
+    """
+
+    def __init__(self, inner: Store, observer: Callable[[str, int, float, bool], None]):
+        self.inner, self.observer = inner, observer
+        self.url = inner.url
+
+    def _timed(self, op: str, fn, nbytes: int = 0):
+        start = time.perf_counter()
+        ok = True
+        try:
+            result = fn()
+            if isinstance(result, (bytes, bytearray)):
+                nbytes = len(result)
+            return result
+        except KeyNotFound:
+            raise
+        except BaseException:
+            ok = False
+            raise
+        finally:
+            self.observer(op, nbytes, time.perf_counter() - start, ok)
+
+    def put(self, key: str, data: bytes) -> None:
+        self._timed("put", lambda: self.inner.put(key, data), len(data))
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        return self._timed("put_if_absent", lambda: self.inner.put_if_absent(key, data), len(data))
+
+    def get(self, key: str) -> bytes:
+        return self._timed("get", lambda: self.inner.get(key))
+
+    def list(self, prefix: str = "") -> list[str]:
+        return self._timed("list", lambda: self.inner.list(prefix))
+
+    def delete(self, key: str) -> None:
+        self._timed("delete", lambda: self.inner.delete(key))
+
+    def exists(self, key: str) -> bool:
+        return self._timed("exists", lambda: self.inner.exists(key))
+
+    def describe(self) -> str:
+        return self.inner.describe()
 
 
 def open_store(url: str, **options) -> Store:

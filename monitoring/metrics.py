@@ -335,6 +335,7 @@ class EvaluatorMetrics(RoleMetrics):
         self._mu = self._gauge("rapid_rating_mu", "TrueSkill mean of a league member.", ("member",))
         self._sigma = self._gauge("rapid_rating_sigma", "TrueSkill uncertainty of a league member.", ("member",))
         self._games = self._counter("rapid_games_total", "Evaluation games played.")
+        self._store_metrics()  # the evaluator reads params and writes ratings through the store too
 
     def win_rate(self, opponent: str, x: float) -> None:
         self._win[opponent].set(x)

@@ -24,7 +24,7 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
     stop = stop or StopFlag()
     torch.set_num_threads(1)
     metrics = start_metrics(EvaluatorMetrics, cfg)
-    store = open_run_store(cfg)
+    store = open_run_store(cfg, metrics)
     params = ParameterStore(store)
     league = League(store)
     games = cfg.eval.games

@@ -92,7 +92,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo()
     lead = rank.rank == 0
     derived = cfg.derive()
     metrics = start_metrics(OptimizerMetrics, cfg, rank.rank, rank.local_rank)
-    store = open_run_store(cfg)
+    store = open_run_store(cfg, metrics)
     params = ParameterStore(store)
     spec = env_spec(cfg)
     policy = build_policy(cfg, spec)
@@ -162,7 +162,8 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo()
                 version += 1
                 if lead:
                     t_pub = time.perf_counter()
-                    params.publish(version, policy.tensors(), {"updates": updates})
+                    tensors, meta = policy.tensors(), {"updates": updates}
+                    _until_stored(f"publishing v{version}", lambda: params.publish(version, tensors, meta), stop, log)
                     league.after_publish(version, policy)
                     metrics.update_phase("publish", time.perf_counter() - t_pub)
                 metrics.param_version(version)
@@ -183,7 +184,8 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo()
             if league:
                 league.fold_if_due()
             if lead and updates - last_ckpt_updates >= cfg.optimizer.checkpoint_every:
-                _checkpoint(store, cfg, learner, version, updates)
+                _until_stored(f"checkpoint v{version}", lambda: _checkpoint(store, cfg, learner, version, updates),
+                              stop, log)
                 last_ckpt_updates = updates
             if oplog:
                 oplog.write({"update": updates, "version": version, **stats,
@@ -249,6 +251,22 @@ def _reason(message: str) -> str:
     if "checksum" in message or "not a" in message or "malformed" in message:
         return "decode"
     return "invalid"
+
+
+def _until_stored(what: str, write, stop: StopFlag, log, first_wait_s: float = 1.0, max_wait_s: float = 30.0):
+    """Retry ``write`` through a store outage, with doubling waits: botocore's own retries cover seconds,
+    an outage can last minutes, and giving up would lose the version (or crash the job). Once asked to
+    stop, the next failure is raised instead (the role then exits with one line)."""
+    wait = first_wait_s
+    while True:
+        try:
+            return write()
+        except StoreError as e:
+            if stop:
+                raise
+            log.warning("%s failed, retrying in %.0fs: %s", what, wait, e)
+        stop.wait(wait)
+        wait = min(2 * wait, max_wait_s)
 
 
 def _checkpoint(store, cfg: Config, learner: Learner, version: int, updates: int) -> None:

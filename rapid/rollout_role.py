@@ -7,7 +7,7 @@ config (``rollout.worker_id``), else the MPI rank when started by mpiexec, else 
 from __future__ import annotations
 
 import os
-import time
+import threading
 
 import torch
 
@@ -54,7 +54,7 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
     torch.set_num_threads(cfg.rollout.torch_threads)
     torch.manual_seed(seed)
     metrics = start_metrics(RolloutMetrics, cfg, rank, local_rank)
-    store = open_run_store(cfg)
+    store = open_run_store(cfg, metrics)
     params = ParameterStore(store)
     env = make_env(cfg.env.name, num_games=cfg.env.num_games, seed=seed, options=cfg.env.options)
     policy = build_policy(cfg, env.spec)
@@ -70,9 +70,10 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
     worker.set_params(version, params.fetch(version).tensors)
     metrics.param_version(version)
     uploader.start()
+    poller = ParamPoller(params, cfg.rollout.param_poll_s, version, log)
+    poller.start()
     log.info("worker %s started: %d games of %s, params v%d, store %s", worker_id, env.num_games,
              cfg.env.name, version, store.describe())
-    last_poll = time.monotonic()
     try:
         while not stop:
             segment = worker.collect()
@@ -82,11 +83,12 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
             metrics.backlog(uploader.stats.backlog)
             for ep in segment.episodes:
                 metrics.episode(ep["learner_return"], ep["length"])
-            if time.monotonic() - last_poll >= cfg.rollout.param_poll_s:
-                last_poll = time.monotonic()
-                _refresh_params(worker, params, log)
+            newer = poller.take()
+            if newer is not None:  # swapped only between segments
+                worker.set_params(*newer)
                 metrics.param_version(worker.version)
     finally:
+        poller.stop()
         uploader.stop()
         env.close()
         metrics.close()
@@ -96,14 +98,41 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
     return 0
 
 
-def _refresh_params(worker: RolloutWorker, params: ParameterStore, log) -> None:
-    """Swap in a newer version between segments; a store hiccup keeps the current one."""
-    try:
-        latest = params.latest_version()
-        if latest is not None and latest > worker.version:
-            worker.set_params(latest, params.fetch(latest).tensors)
-    except (StoreError, KeyNotFound, FormatError) as e:
-        log.warning("parameter refresh failed, keeping v%d: %s", worker.version, e)
+class ParamPoller:
+    """Fetches newer parameter versions on a thread of its own, every ``interval_s``: a store that hangs
+    (a stopped server accepts connections and never answers) must not stop the stepping loop, which
+    keeps playing its current version until a newer one has been downloaded and checked."""
+
+    def __init__(self, params: ParameterStore, interval_s: float, version: int, log):
+        self.params, self.interval_s, self.log = params, interval_s, log
+        self._known = version
+        self._ready: tuple[int, dict] | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="param-poller", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()  # not joined: it may be waiting on a hung store, and it holds nothing to flush
+
+    def take(self) -> tuple[int, dict] | None:
+        """(version, tensors) of a newer version than the last taken, or None."""
+        with self._lock:
+            ready, self._ready = self._ready, None
+        return ready
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                latest = self.params.latest_version()
+                if latest is not None and latest > self._known:
+                    tensors = self.params.fetch(latest).tensors
+                    with self._lock:
+                        self._ready, self._known = (latest, tensors), latest
+            except (StoreError, KeyNotFound, FormatError) as e:
+                self.log.warning("parameter refresh failed, keeping v%d: %s", self._known, e)
 
 
 def default_worker_id() -> str:

@@ -15,19 +15,30 @@ from rapid.config import Config
 from rapid.envs.base import EnvSpec
 from rapid.envs.registry import make_env
 from rapid.errors import UsageError
-from rapid.infra.store import InvalidKey, Store, StoreError, open_store
+from rapid.infra.store import InvalidKey, ObservedStore, Store, StoreError, open_store
 
 
-def open_run_store(cfg: Config) -> Store:
+def open_run_store(cfg: Config, metrics=None) -> Store:
+    """The run's store; with a role's ``metrics``, every operation is counted (bytes, latency, errors)."""
     url = cfg.derive().store_url
     options = {}
     if url.startswith("s3://"):
         options = {"endpoint_url": cfg.store.endpoint_url or None, "region": cfg.store.region or None,
                    "max_attempts": cfg.store.max_attempts}
     try:
-        return open_store(url, **options)
+        store = open_store(url, **options)
     except (InvalidKey, StoreError, OSError) as e:
         raise UsageError(f"cannot open store {url}: {e}") from None
+    if metrics is None:
+        return store
+
+    def observe(op: str, nbytes: int, seconds: float, ok: bool) -> None:
+        if ok:
+            metrics.store_op(op, nbytes, seconds)
+        else:
+            metrics.store_error(op)
+
+    return ObservedStore(store, observe)
 
 
 def env_spec(cfg: Config) -> EnvSpec:
