@@ -24,6 +24,9 @@ class BufferStats:
     received: int = 0
     consumed: int = 0
     dropped_stale: int = 0
+    """Samples that went stale before any update used them: experience wasted."""
+    retired_stale: int = 0
+    """Samples that went stale after being used: the normal end of a sample's life."""
     evicted_unused: int = 0
     size: int = 0
 
@@ -66,7 +69,9 @@ class ExperienceBuffer:
         if self._arrays is None:
             return
         stale = self._valid & (current_version - self._arrays["version"] > self.max_staleness)
-        self._stats.dropped_stale += int(stale.sum())
+        unused = int((stale & (self._uses == 0)).sum())
+        self._stats.dropped_stale += unused
+        self._stats.retired_stale += int(stale.sum()) - unused
         self._valid &= ~stale
 
     def sample(self, batch: int, current_version: int, rng: np.random.Generator, max_reuse: float = np.inf,

@@ -89,7 +89,7 @@ def final_summary(run_dir: Path, reason: str, elapsed: float, exit_code: int | N
         lines += [f"  versions published : {last['version']} ({last['update']} updates)",
                   f"  agent-steps        : {last['env_steps']:,}",
                   f"  samples            : {last['samples_received']:,} received, {last['samples_consumed']:,} "
-                  f"consumed, {last['samples_dropped_stale']:,} dropped as stale",
+                  f"consumed, {last['samples_dropped_stale']:,} went stale unused",
                   f"  sample reuse       : {last['sample_reuse']:.2f}",
                   f"  skipped updates    : {last['skipped_updates']} (non-finite)   bad objects: {last['bad_objects']}"]
     if evals:
