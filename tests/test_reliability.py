@@ -337,7 +337,7 @@ def test_optimizer_sigkill_then_resume(tmp_path):
     # League state and quality scores intact: every member is still there, its counts only grew, and a
     # quality score changed only where new games were folded in.
     pool_after = league.read()
-    for m in pool_before.members:
+    for m in pool_before.members.values():
         now = pool_after.member(m.id)
         assert now.version == m.version and now.games >= m.games
         assert now.quality == m.quality or now.games > m.games
@@ -464,7 +464,7 @@ def test_numerically_extreme_experience_skips_updates_in_a_live_run(live_run):
     batch = decode_experience(store.get(store.list("experience/w0/")[-1]), shape)
     batch.arrays["returns"] = np.full_like(batch.arrays["returns"], 3e38)
     batch.arrays["advantages"] = np.full_like(batch.arrays["advantages"], -3e38)
-    batch.arrays["version"][:] = latest(params)
+    batch.arrays["version"] = np.full_like(batch.arrays["version"], latest(params))
     skipped_before = scrape(run, "optimizer-0")["rapid_nonfinite_updates_skipped_total"]
     store.put("experience/extreme/0-00000000.rxp", encode_experience(batch))
     FAULTS.append("numerical: extreme returns/advantages")
