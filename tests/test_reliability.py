@@ -606,3 +606,39 @@ def test_stored_config_and_describe_hold_no_secret(tmp_path, s3_server):
 def test_figures():
     """Printed at the end of the module (pytest -s): the faults injected above."""
     print(f"\nfaults injected in this module: {len(FAULTS)}")
+
+
+def test_publish_is_idempotent_and_outage_writes_are_retried(tmp_path):
+    """The two optimizer-side outage fixes, narrowly: a publish retried after an ambiguous failure (the PUT
+    landed, its answer was lost) succeeds without reusing the version; a write failing with StoreError is
+    retried with backoff until the store is back, and raised once the role is asked to stop."""
+    from rapid.infra.store import StoreError
+    from rapid.optimizer import _until_stored
+    from rapid.runtime import StopFlag
+
+    params = ParameterStore(LocalStore(tmp_path / "s"))
+    tensors = {"w": np.ones(3, np.float32)}
+    params.publish(1, tensors, {"updates": 1})
+    params.publish(1, tensors, {"updates": 1})  # the retry finds its own bytes
+    with pytest.raises(FileExistsError):
+        params.publish(1, {"w": np.zeros(3, np.float32)}, {"updates": 1})
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise StoreError("s3 put failed: connection refused")
+        return "ok"
+
+    import logging
+
+    stop = StopFlag(install_signals=False)
+    assert _until_stored("publishing v2", flaky, stop, logging.getLogger("t"), first_wait_s=0.01) == "ok"
+    assert len(calls) == 3
+    stop.set("test")
+
+    def down():
+        raise StoreError("down")
+
+    with pytest.raises(StoreError):
+        _until_stored("publishing v3", down, stop, logging.getLogger("t"), first_wait_s=0.01)
