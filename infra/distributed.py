@@ -143,7 +143,7 @@ def init_process_group(identity: Identity | None = None, backend: str | None = N
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
-        device = torch.device("cuda", identity.local_rank)
+        device = torch.device("cuda", identity.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
@@ -303,4 +303,6 @@ class abort_on_error(contextlib.ContextDecorator):
         message = " ".join(str(exc).split())
         print(f"rapid: rank {identity.rank}: {exc_type.__name__}: {message}", file=sys.stderr, flush=True)
         _mpi().COMM_WORLD.Abort(1)
-        return False  # not reached: Abort ends the process
+        # pip's MPICH can return from Abort; without this, Python would go on unwinding and print a
+        # traceback before the launcher kills the rank.
+        os._exit(1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import zlib
 from pathlib import Path
 
 from rapid.errors import FormatError, UsageError
@@ -160,8 +161,11 @@ def cmd_role(args) -> int:
         if args.command == "rollout":
             from rapid.rollout_role import default_worker_id, run_rollout
 
-            worker = args.worker_id or (f"w{identity.rank}" if identity.size > 1 else default_worker_id())
-            seed = args.seed if args.seed is not None else cfg.run.seed * 1000 + identity.rank + 1
+            worker = (args.worker_id or cfg.rollout.worker_id
+                      or (f"w{identity.rank}" if identity.size > 1 else default_worker_id()))
+            # Pods and job-array tasks all have rank 0: their name must tell their games apart.
+            seed = args.seed if args.seed is not None else (
+                cfg.run.seed * 1000 + identity.rank + 1 + zlib.crc32(worker.encode()) % 1_000_003)
             digits = "".join(ch for ch in worker if ch.isdigit())[-6:]
             rank = identity.rank if identity.size > 1 else int(digits or 0)
             return run_rollout(cfg, worker, seed, rank=rank, local_rank=identity.local_rank)

@@ -11,10 +11,10 @@ Usage::
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
-import zlib
 from collections import deque
 from dataclasses import dataclass
 
@@ -39,9 +39,11 @@ class LoaderStats:
 
 
 def owner_rank(key: str, world: int) -> int:
-    """Which optimizer rank consumes an object: a stable hash, so shares are disjoint and balanced."""
+    """Which optimizer rank consumes an object: a stable, well-mixed hash, so shares are disjoint and
+    consecutive objects of one worker spread over the ranks (crc32 keeps long runs on one rank)."""
     # surrogateescape: a listed file name that is not UTF-8 must not kill the loader thread here
-    return zlib.crc32(key.encode("utf-8", "surrogateescape")) % world
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % world
 
 
 class ExperienceLoader:

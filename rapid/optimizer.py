@@ -6,6 +6,7 @@ rank runs it in lock step; only rank 0 publishes, checkpoints and logs.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -13,7 +14,7 @@ import numpy as np
 import torch
 
 from rapid.checkpoint import Checkpoint, load_latest_checkpoint, save_checkpoint
-from rapid.config import Config
+from rapid.config import Config, to_toml
 from rapid.errors import UsageError
 from rapid.experience import Shape
 from rapid.errors import FormatError
@@ -131,6 +132,10 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo()
                               on_load=lambda n, nbytes, s: metrics.samples_downloaded(n, nbytes, s))
     loader.start()
     oplog = JsonlLog(f"{derived.run_dir}/logs/optimizer.jsonl") if lead else None
+    if lead and not os.path.exists(f"{derived.run_dir}/config.toml"):
+        # A cluster run has no launcher: keep the config beside the logs so `rapid eval --run-dir` works.
+        with open(f"{derived.run_dir}/config.toml", "w") as f:
+            f.write(to_toml(cfg))
     agree = StopAgreement(ctx)
     rng = np.random.default_rng(cfg.run.seed + 7919 * rank.rank)
     started = time.time()

@@ -297,10 +297,6 @@ def test_a_rank_that_raises_ends_the_job_with_one_clear_line(tmp_path):
     assert [r["update"] for r in log] == [1]
 
 
-@pytest.mark.xfail(strict=True, reason="infra/distributed.py abort_on_error.__exit__: MPI.COMM_WORLD.Abort(1) "
-                   "returns under pip's MPICH, so the exception propagates and Python (with torch's [rankN]: "
-                   "excepthook) prints a traceback before the process manager kills the rank; needs "
-                   "os._exit(1) right after Abort")
 def test_a_failing_rank_runs_no_python_after_the_abort():
     result = subprocess.run(mpiexec(2, sys.executable, str(SCRIPTS / "abort_returns.py")),
                             capture_output=True, text=True, timeout=60, env=child_env())
