@@ -42,6 +42,9 @@ class MobaConfig:
     """Per full structure's worth of HP this hero dealt to enemy towers/ancient."""
     reward_tower_kill: float = 0.3
     """To every hero of the side that destroyed a tower."""
+    reward_structure_hp: float = 0.0
+    """Per full structure's worth of HP the enemy side lost this tick to anyone (creeps too), to every hero of
+    the side: the time-limit win condition as a dense signal."""
     reward_gold: float = 0.0
     reward_xp: float = 0.0
 

@@ -65,6 +65,7 @@ class MobaVecEnv(VecMultiAgentEnv):
         ok &= (atype <= MOVE) | slot_ok
         etype = np.where(ok, atype, NOOP)
         tgt = np.take(ob.tgt_units, row * ob.heads[2] + aslot)
+        before = self._structure_hp() if cfg.reward_structure_hp else None
         jitter = 1.0 + cfg.damage_jitter * (2.0 * self.rng.random((B, lay.U), dtype=np.float32) - 1.0)
 
         died_h, killer, tower_dmg = ru.heroes_act(st, etype, tgt, jitter)
@@ -75,6 +76,10 @@ class MobaVecEnv(VecMultiAgentEnv):
         st.step_count += 1
 
         rewards = self._rewards(ev)
+        if before is not None:
+            # Structure HP the enemy side lost this tick (to anyone: heroes, creeps), to every hero of a side.
+            lost = before - self._structure_hp()
+            rewards += cfg.reward_structure_hp * lost[:, 1 - lay.hero_side]
         anc_alive = st.alive[:, lay.ancients]
         terminated = ~anc_alive.all(axis=1)
         truncated = ~terminated & (st.step_count >= cfg.max_steps)
@@ -121,6 +126,12 @@ class MobaVecEnv(VecMultiAgentEnv):
         st.denies += ev.denies
         st.towers_destroyed += ev.structures_destroyed
         return r.astype(np.float32)
+
+    def _structure_hp(self) -> np.ndarray:
+        """[B, 2]: each side's structure HP as a sum of fractions (what decides a game at the time limit)."""
+        st, lay = self.state, self.layout
+        frac = np.where(st.alive[:, lay.structs], st.hp[:, lay.structs] / st.max_hp[:, lay.structs], 0.0)
+        return frac.reshape(self.num_games, 2, lay.S_side).sum(axis=2)
 
     def _winner(self, anc_alive: np.ndarray, terminated: np.ndarray) -> np.ndarray:
         """Winner per game: the side with the standing ancient, else more structure HP (ties draw)."""
