@@ -124,7 +124,17 @@ def cmd_train(args) -> int:
         cfg = run_dir_config(args.run_dir, [*args.set, *extra])
     else:
         cfg = load(args, extra + ([f'run.dir="{args.run_dir}"'] if args.run_dir else []))
+        if not cfg.run.dir:  # no directory asked for: a fresh one, never someone's earlier run
+            cfg.run.dir = _fresh_run_dir(cfg.run.name)
     return run_train(cfg, resume=args.resume, show_progress=not args.no_progress)
+
+
+def _fresh_run_dir(name: str) -> str:
+    candidate, k = Path("runs") / name, 1
+    while candidate.exists():
+        k += 1
+        candidate = Path("runs") / f"{name}-{k}"
+    return candidate.as_posix()
 
 
 def cmd_config(args) -> int:
