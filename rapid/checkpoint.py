@@ -88,7 +88,8 @@ def _check_adam(adam: dict, where: str) -> None:
         ok = (isinstance(group, dict) and isinstance(group.get("params"), list)
               and all(isinstance(p, int) for p in group["params"])
               and isinstance(group.get("betas"), list) and len(group["betas"]) == 2
-              and all(isinstance(group.get(k), (int, float)) for k in ("lr", "eps")))
+              and isinstance(group.get("lr"), (int, float))
+              and isinstance(group.get("eps", 0.0), (int, float)))
         if not ok:
             raise FormatError(f"{where}: Adam parameter group malformed")
 
