@@ -237,11 +237,14 @@ def cmd_monitor(args) -> int:
 
 
 def cmd_league(args) -> int:
-    from rapid.infra.store import open_store
+    from rapid.infra.store import InvalidKey, open_store
     from rapid.league import cli as league_cli
 
     if args.store:
-        store = open_store(args.store)
+        try:
+            store = open_store(args.store)
+        except InvalidKey as e:
+            raise UsageError(f"--store {args.store}: {e}") from None
         cfg = None
     else:
         cfg = run_dir_config(args.run_dir)

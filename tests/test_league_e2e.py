@@ -96,3 +96,30 @@ def test_league_commands_on_a_missing_pool_are_usage_errors(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr and out.stderr.count("\n") == 1
     out = rapid("league", "pin", "v000000000001", "--run-dir", str(run), check=False)
     assert out.returncode == 2 and "Traceback" not in out.stderr
+
+
+def test_league_commands_on_an_s3_run(s3_store, s3_server, tmp_path):
+    """`rapid league … --store s3://…` against the S3-compatible server, credentials from the environment."""
+    import os
+    import subprocess
+
+    from rapid.params import ParameterStore
+    from tests.helpers import RAPID, ROOT
+    from tests.s3_server import DUMMY_CREDENTIALS
+
+    ParameterStore(s3_store).publish(3, {"w": np.zeros(3, np.float32)})
+    env = {**os.environ, **DUMMY_CREDENTIALS, "AWS_ENDPOINT_URL": s3_server}
+    url = s3_store.url
+
+    def league(*args):
+        return subprocess.run([RAPID, "league", *args, "--store", url], capture_output=True, text=True, env=env,
+                              cwd=ROOT, timeout=60)
+
+    assert league("add", "--version", "3", "--pin").returncode == 0
+    assert league("add", "--bot", "random").returncode == 0
+    listing = league("ls")
+    assert listing.returncode == 0 and "v000000000003" in listing.stdout and "bot:random" in listing.stdout
+    assert league("export", str(tmp_path / "pool.rlp")).returncode == 0
+    assert (tmp_path / "pool.rlp").stat().st_size > 0
+    missing = league("retire", "v000000000099")
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
