@@ -136,14 +136,15 @@ class LeagueConfig:
     snapshot_every: int = 10
     """Add a snapshot of the policy to the pool every this many versions (0: never)."""
     latest_prob: float = 0.8
-    """Share of games against the latest policy; the rest against the pool."""
+    """Share of the games not played against bots that are against the latest policy; the rest are
+    against past snapshots (OpenAI Five: 0.8)."""
     eta: float = 0.01
     """Quality-score learning rate (OpenAI Five)."""
     scheme: str = "openai_five"
     """'openai_five' (p ∝ exp(q)) or 'pfsp' (prioritized fictitious self-play)."""
     pfsp_power: float = 2.0
     bot_prob: float = 0.0
-    """Share of games against scripted bots."""
+    """Share of all games against scripted bots (those in ``bots``), taken first."""
     bots: list[str] = field(default_factory=list)
     refresh_s: float = 30.0
     """Seconds between pool re-reads in rollout workers."""
@@ -395,8 +396,6 @@ def validate(cfg: Config) -> list[str]:
     _positive(e, "league.snapshot_every", lg.snapshot_every, allow_zero=True)
     _unit(e, "league.latest_prob", lg.latest_prob)
     _unit(e, "league.bot_prob", lg.bot_prob)
-    if lg.latest_prob + lg.bot_prob > 1.0:
-        e.append("league.latest_prob + league.bot_prob must be ≤ 1")
     _positive(e, "league.eta", lg.eta)
     if lg.scheme not in ("openai_five", "pfsp"):
         e.append(f"league.scheme must be 'openai_five' or 'pfsp' (got {lg.scheme!r})")

@@ -147,7 +147,7 @@ BAD_VALUES = {
                   ("optimizer.buffer_samples=10", "optimizer.buffer_samples"),
                   ("optimizer.publish_every=0", "optimizer.publish_every")],
     "league": [("league.latest_prob=1.5", "league.latest_prob"), ("league.scheme=elo", "league.scheme"),
-               ("league.eta=0", "league.eta"), ("league.bot_prob=0.5", "league.bot_prob"),
+               ("league.eta=0", "league.eta"), ("league.bot_prob=1.5", "league.bot_prob"),
                ("league.snapshot_every=-1", "league.snapshot_every")],
     "eval": [("eval.games=0", "eval.games"), ("eval.interval_s=-1", "eval.interval_s")],
     "store": [("store.max_attempts=0", "store.max_attempts"), ("store.retention_s=-1", "store.retention_s")],
