@@ -13,13 +13,14 @@ truncated last line (the run is still writing) is ignored. Plots use the Agg bac
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections import defaultdict
 from pathlib import Path
 
 import matplotlib
+
+from rapid.monitoring.logs import read_jsonl
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
@@ -34,20 +35,6 @@ OPTIMIZER_PLOTS = (
     ("staleness_reuse", "Staleness and reuse", [("staleness_mean", "mean staleness (versions)"),
                                                 ("sample_reuse", "sample reuse")]),
 )
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Objects of a JSON-lines file; unparsable lines (e.g. one being written) are skipped."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                rows.append(obj)
-    return rows
 
 
 def _number(value) -> float | None:

@@ -17,7 +17,7 @@ import torch
 
 from rapid import codec
 from rapid.errors import FormatError
-from rapid.infra.store import KeyNotFound, Store
+from rapid.infra.store import Store
 
 FORMAT = "rapid.checkpoint"
 FORMAT_VERSION = 1
@@ -97,7 +97,7 @@ def _check_adam(adam: dict, where: str) -> None:
 def save_checkpoint(store: Store, ckpt: Checkpoint, keep: int) -> str:
     key = checkpoint_key(ckpt.version)
     store.put(key, encode_checkpoint(ckpt))
-    store.put(LATEST_KEY, str(ckpt.version).encode())
+    codec.write_version_pointer(store, LATEST_KEY, ckpt.version)
     old = sorted(k for k in store.list("checkpoints/") if k.endswith(".rck"))
     for stale in old[:-keep]:
         store.delete(stale)
@@ -105,10 +105,7 @@ def save_checkpoint(store: Store, ckpt: Checkpoint, keep: int) -> str:
 
 
 def load_latest_checkpoint(store: Store) -> Checkpoint | None:
-    try:
-        version = int(store.get(LATEST_KEY).decode("ascii").strip())
-    except KeyNotFound:
+    version = codec.read_version_pointer(store, LATEST_KEY)
+    if version is None:
         return None
-    except (UnicodeDecodeError, ValueError) as e:
-        raise FormatError(f"{LATEST_KEY} is not a version number") from e
     return decode_checkpoint(store.get(checkpoint_key(version)))

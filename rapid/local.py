@@ -19,7 +19,7 @@ from pathlib import Path
 from rapid.config import Config, to_toml
 from rapid.errors import UsageError
 from rapid.monitoring.metrics import LauncherMetrics
-from rapid.progress import Progress, baseline_evals, final_summary
+from rapid.progress import Progress, RunLogs, final_summary
 from rapid.runtime import StopFlag, start_metrics
 
 PR_SET_PDEATHSIG = 1
@@ -97,7 +97,8 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True) -> 
                           if cfg.eval.interval_s > 0 else [])
     stop = StopFlag()
     metrics = start_metrics(LauncherMetrics, cfg)
-    progress = Progress(run_dir, cfg, enabled=show_progress)
+    run_logs = RunLogs(run_dir)
+    progress = Progress(run_logs, enabled=show_progress)
     print(f"rapid train: run {cfg.run.name} in {run_dir} — {workers} rollout worker(s) × {cfg.env.num_games} games "
           f"of {cfg.env.name}; logs in {logs}; Ctrl-C stops cleanly", flush=True)
     started = time.time()
@@ -113,9 +114,10 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True) -> 
             if cfg.run.minutes and time.time() - started >= 60 * cfg.run.minutes:
                 reason = f"time limit ({cfg.run.minutes:g} min)"
                 break
-            evals = baseline_evals(run_dir)
-            if cfg.run.target_win_rate and evals and evals[-1]["win_rate"] >= cfg.run.target_win_rate:
-                reason = f"target win rate {cfg.run.target_win_rate:g} reached by v{evals[-1]['version']}"
+            run_logs.refresh()
+            last_eval = run_logs.last_eval
+            if cfg.run.target_win_rate and last_eval and last_eval["win_rate"] >= cfg.run.target_win_rate:
+                reason = f"target win rate {cfg.run.target_win_rate:g} reached by v{last_eval['version']}"
                 break
             for child in helpers:
                 if not child.alive() and child.proc.returncode not in (0, None):

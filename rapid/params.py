@@ -79,7 +79,7 @@ class ParameterStore:
             if self._existing(version) != data:
                 raise FileExistsError(f"parameter version {version} is already published")
         # LATEST only after the version object exists, so a reader never follows a dangling pointer.
-        self.store.put(LATEST_KEY, str(version).encode())
+        codec.write_version_pointer(self.store, LATEST_KEY, version)
 
     def _existing(self, version: int) -> bytes | None:
         try:
@@ -88,14 +88,7 @@ class ParameterStore:
             return None
 
     def latest_version(self) -> int | None:
-        try:
-            raw = self.store.get(LATEST_KEY)
-        except KeyNotFound:
-            return None
-        try:
-            return int(raw.decode("ascii").strip())
-        except (UnicodeDecodeError, ValueError) as e:
-            raise FormatError(f"{LATEST_KEY} is not a version number") from e
+        return codec.read_version_pointer(self.store, LATEST_KEY)
 
     def fetch(self, version: int) -> ParamsObject:
         obj = decode_params(self.store.get(params_key(version)))

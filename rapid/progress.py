@@ -6,8 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from rapid.config import Config
-from rapid.runtime import read_jsonl
+from rapid.monitoring.logs import JsonlTail, read_jsonl
 
 
 def _fmt_rate(x: float) -> str:
@@ -19,26 +18,49 @@ def _fmt_time(seconds: float) -> str:
     return f"{seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def is_baseline(record: dict) -> bool:
+    """An evaluation against the fixed baseline (the evaluator also logs games against pool members)."""
+    return "ci_low" in record
+
+
 def baseline_evals(run_dir: Path) -> list[dict]:
-    """Evaluations against the fixed baseline (the evaluator also logs games against pool members)."""
-    return [e for e in read_jsonl(run_dir / "logs" / "eval.jsonl") if "ci_low" in e]
+    return [e for e in read_jsonl(run_dir / "logs" / "eval.jsonl") if is_baseline(e)]
 
 
-def status_line(run_dir: Path, elapsed: float, window_s: float = 30.0) -> str:
-    ops = read_jsonl(run_dir / "logs" / "optimizer.jsonl")
-    evals = baseline_evals(run_dir)
+class RunLogs:
+    """The run's logs as the launcher polls them every second, read incrementally."""
+
+    def __init__(self, run_dir: Path):
+        self._ops = JsonlTail(run_dir / "logs" / "optimizer.jsonl")
+        self._evals = JsonlTail(run_dir / "logs" / "eval.jsonl")
+
+    def refresh(self) -> None:
+        self._ops.poll()
+        self._evals.poll()
+
+    @property
+    def ops(self) -> list[dict]:
+        return self._ops.rows
+
+    @property
+    def last_eval(self) -> dict | None:
+        return next((e for e in reversed(self._evals.rows) if is_baseline(e)), None)
+
+
+def status_line(logs: RunLogs, elapsed: float, window_s: float = 30.0) -> str:
+    ops = logs.ops
     if not ops:
         return f"[{_fmt_time(elapsed)}] waiting for the first update…"
     last = ops[-1]
-    recent = [o for o in ops if o["time"] >= last["time"] - window_s]
+    recent = [o for o in ops[-2000:] if o["time"] >= last["time"] - window_s]
     span = max(last["time"] - recent[0]["time"], 1e-6)
     steps_s = (last["env_steps"] - recent[0]["env_steps"]) / span if len(recent) > 1 else 0.0
     samples_s = (last["samples_consumed"] - recent[0]["samples_consumed"]) / span if len(recent) > 1 else 0.0
     text = (f"[{_fmt_time(elapsed)}] v{last['version']} upd {last['update']} | {_fmt_rate(steps_s)} agent-steps/s "
             f"| {_fmt_rate(samples_s)} samples/s | staleness {last['staleness_mean']:.1f} | reuse "
             f"{last['sample_reuse']:.2f} | entropy {last['entropy']:.2f}")
-    if evals:
-        e = evals[-1]
+    e = logs.last_eval
+    if e:
         text += f" | win vs {e['opponent']} {e['win_rate']:.0%} (v{e['version']})"
     return text
 
@@ -46,8 +68,8 @@ def status_line(run_dir: Path, elapsed: float, window_s: float = 30.0) -> str:
 class Progress:
     """A single rewritten line on a terminal; a plain line every 15 s when output is a file."""
 
-    def __init__(self, run_dir: Path, cfg: Config, enabled: bool = True):
-        self.run_dir, self.cfg, self.enabled = run_dir, cfg, enabled
+    def __init__(self, logs: RunLogs, enabled: bool = True):
+        self.logs, self.enabled = logs, enabled
         self.tty = sys.stdout.isatty()
         self.started = time.time()
         self.last_print = 0.0
@@ -60,7 +82,7 @@ class Progress:
         if not self.tty and now - self.last_print < 15:
             return
         self.last_print = now
-        line = status_line(self.run_dir, now - self.started)
+        line = status_line(self.logs, now - self.started)
         if self.tty:
             sys.stdout.write("\r" + line.ljust(self.width))
             self.width = len(line)

@@ -82,17 +82,31 @@ class RolloutWorker:
         self.first = np.ones(self.B, dtype=bool)
         self.learner_side = self.rng.integers(0, 2, self.B)
         self.game_opponent = [self.opponents.choose(self.rng) for _ in range(self.B)]
+        self._control: tuple[np.ndarray, list[tuple[Opponent | None, torch.Tensor]]] | None = None
 
     def set_params(self, version: int, tensors: dict[str, np.ndarray]) -> None:
         self.policy.load_tensors(tensors)
         self.version = version
 
+    def _controllers(self) -> tuple[np.ndarray, list[tuple[Opponent | None, torch.Tensor]]]:
+        """Who acts for which agent: bool [B, A] of the learner's agents, and the rows of every controller
+        (None for the learner). It only changes when a game ends, so it is kept until then."""
+        if self._control is None:
+            vs_latest = np.array([o.id == LATEST for o in self.game_opponent])
+            own = (self.sides[None, :] == self.learner_side[:, None]) | vs_latest[:, None]
+            rows: dict[int, tuple[Opponent | None, list[int]]] = {-1: (None, list(np.flatnonzero(own.ravel())))}
+            for b, opp in enumerate(self.game_opponent):
+                if opp.id != LATEST:
+                    rows.setdefault(id(opp), (opp, []))[1].extend(b * self.A + np.flatnonzero(~own[b]))
+            groups = [(opp, torch.as_tensor(np.asarray(r, dtype=np.int64))) for opp, r in rows.values() if len(r)]
+            self._control = (own, groups)
+        return self._control
+
     def _owners(self) -> np.ndarray:
         """bool [B, A]: agents the learner's policy controls this step."""
-        vs_latest = np.array([o.id == LATEST for o in self.game_opponent])
-        return (self.sides[None, :] == self.learner_side[:, None]) | vs_latest[:, None]
+        return self._controllers()[0]
 
-    def _act(self, step: StepResult, own: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _act(self, step: StepResult) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         B, A = self.B, self.A
         H = len(self.env.spec.action_heads)
         obs = torch.from_numpy(step.obs.reshape(B * A, -1))
@@ -101,26 +115,13 @@ class RolloutWorker:
         logp = np.zeros(B * A, dtype=np.float32)
         value = np.zeros(B * A, dtype=np.float32)
         h, c = self.state
-        groups: dict[int, tuple[Opponent | None, list[int]]] = {}
-        own_rows = np.flatnonzero(own.ravel())
-        groups[-1] = (None, own_rows)
-        for b, opp in enumerate(self.game_opponent):
-            if opp.id != LATEST:
-                rows = [b * A + a for a in range(A) if not own[b, a]]
-                groups.setdefault(id(opp), (opp, []))[1].extend(rows)
-        bot_actions: dict[int, np.ndarray] = {}
-        for key, (opp, rows) in groups.items():
-            rows = torch.as_tensor(np.asarray(rows, dtype=np.int64))
-            if rows.numel() == 0:
-                continue
+        for opp, rows in self._controllers()[1]:
+            idx = rows.numpy()
             if opp is not None and opp.bot is not None:
-                if key not in bot_actions:
-                    bot_actions[key] = opp.bot.act(step).reshape(B * A, H)
-                actions[rows.numpy()] = bot_actions[key][rows.numpy()]
+                actions[idx] = opp.bot.act(step).reshape(B * A, H)[idx]
                 continue
             net = self.policy if opp is None else opp.policy
             out = net.act(obs[rows], mask[rows], (h[rows], c[rows]))
-            idx = rows.numpy()
             actions[idx] = out.actions.numpy()
             h[rows], c[rows] = out.state
             if opp is None:
@@ -137,6 +138,7 @@ class RolloutWorker:
                          "learner_return": float(ep.side_returns[side])})
         self.learner_side[b] = self.rng.integers(0, 2)
         self.game_opponent[b] = self.opponents.choose(self.rng)
+        self._control = None
         rows = slice(b * self.A, (b + 1) * self.A)
         self.state[0][rows] = 0.0
         self.state[1][rows] = 0.0
@@ -156,7 +158,7 @@ class RolloutWorker:
                 c0.append(self.state[1].clone().numpy())
                 opp_at_start.append([o.id for o in self.game_opponent])
             own = self._owners()
-            actions, logp, value = self._act(step, own)
+            actions, logp, value = self._act(step)
             nxt = self.env.step(actions.reshape(self.B, self.A, -1))
             rewards = losses.mix_rewards(nxt.rewards, self.sides, s.team_spirit, s.zero_sum)
             for name, val in (("obs", step.obs.reshape(R, -1)), ("mask", step.action_mask.reshape(R, -1)),

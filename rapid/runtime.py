@@ -116,17 +116,3 @@ class JsonlLog:
     def close(self) -> None:
         self._file.close()
 
-
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """Every complete record of a JSON-lines log (a half-written last line is skipped)."""
-    out = []
-    try:
-        with open(path) as f:
-            for line in f:
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-    except FileNotFoundError:
-        pass
-    return out

@@ -12,8 +12,8 @@ import pytest
 from rapid.errors import FormatError, UsageError
 from rapid.infra.store import LocalStore
 from rapid.league import cli
-from rapid.league.pool import (League, Member, PoolFormatError, PoolMissing, PoolState, POINTER_KEY,
-                               ensure_bots, revision_key, snapshot_key, version_id)
+from rapid.league.pool import POINTER_KEY, League, revision_key, snapshot_key
+from rapid.league.state import Member, PoolFormatError, PoolMissing, PoolState, ensure_bots, version_id
 from rapid.league.ratings import MU, SIGMA, conservative, rate_games, rating_of
 from rapid.league.results import (MatchResult, ResultFolder, ResultWriter, decode_results, encode_results,
                                   fold_results)

@@ -32,7 +32,8 @@ from rapid.league import League
 from rapid.opt.learner import Learner, LearnerSettings
 from rapid.opt.model import Policy
 from rapid.params import ParameterStore, decode_params, params_key
-from rapid.runtime import env_spec, read_jsonl
+from rapid.monitoring.logs import read_jsonl
+from rapid.runtime import env_spec
 from tests.helpers import RAPID, ROOT, alive, rapid, wait_for
 from tests.s3_server import DUMMY_CREDENTIALS, free_port, start_moto_server, stop
 

@@ -28,7 +28,8 @@ from rapid.infra.store import LocalStore
 from rapid.loader import ExperienceLoader, owner_rank
 from rapid.opt.buffer import ExperienceBuffer
 from rapid.params import ParameterStore
-from rapid.runtime import env_spec, read_jsonl
+from rapid.monitoring.logs import read_jsonl
+from rapid.runtime import env_spec
 from tests.mpi_scripts.optimizer_ranks import digest
 from tests.s3_server import DUMMY_CREDENTIALS
 

@@ -16,7 +16,6 @@ before the commit that references them), so a command that fails half-way loses 
 from __future__ import annotations
 
 import argparse
-import re
 import time
 from pathlib import Path
 from typing import Callable
@@ -24,8 +23,9 @@ from typing import Callable
 from rapid import codec
 from rapid.errors import FormatError, UsageError
 from rapid.infra.store import KeyNotFound, Store
-from rapid.league.pool import (League, PoolFormatError, PoolMissing, PoolState, add_member, check_member_id,
-                               dump_pool, ensure_bots, load_pool, set_flag, snapshot_key, version_id)
+from rapid.league.pool import League, snapshot_key
+from rapid.league.state import (VERSION_ID, PoolFormatError, PoolMissing, PoolState, add_member, check_member_id,
+                                dump_pool, ensure_bots, load_pool, set_flag, version_id)
 from rapid.league.ratings import rate_games, rating_of
 from rapid.params import ParameterStore, decode_params, params_key
 
@@ -224,7 +224,6 @@ def _import(args, league: League) -> int:
     return 0
 
 
-_VERSION_RE = re.compile(r"^v([0-9]{12})$")
 
 
 def _plot(args, league: League) -> int:
@@ -247,7 +246,7 @@ def _plot(args, league: League) -> int:
     over_time.set(xlabel="minutes", ylabel="TrueSkill μ", title="rating of each version over time")
     if len(series) <= 12:
         over_time.legend(fontsize="small")
-    versions = sorted((int(m.group(1)), rating_of(state, i)) for i in series if (m := _VERSION_RE.match(i)))
+    versions = sorted((int(m.group(1)), rating_of(state, i)) for i in series if (m := VERSION_ID.match(i)))
     if versions:
         by_version.errorbar([v for v, _ in versions], [r.mu for _, r in versions],
                             yerr=[r.sigma for _, r in versions], fmt="o-", capsize=3)

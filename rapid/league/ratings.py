@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import trueskill
 
-from rapid.league.pool import HISTORY_LIMIT, PoolState, Rating, RatingPoint
+from rapid.league.state import HISTORY_LIMIT, PoolState, Rating, RatingPoint
 
 MU = 25.0
 SIGMA = 25.0 / 3.0

@@ -25,7 +25,8 @@ from typing import Callable
 from rapid import codec
 from rapid.errors import FormatError
 from rapid.infra.store import KeyNotFound, Store, validate_key
-from rapid.league.pool import League, PoolState
+from rapid.league.pool import League
+from rapid.league.state import PoolState
 from rapid.league.sampling import LATEST, quality_probabilities, quality_update
 
 FORMAT = "rapid.match_results"

@@ -29,7 +29,8 @@ import numpy as np
 
 from rapid.errors import FormatError, UsageError
 from rapid.infra.store import StoreError
-from rapid.league.pool import League, Member, PoolState
+from rapid.league.pool import League
+from rapid.league.state import Member, PoolState
 from rapid.params import ParamsObject
 
 LATEST = "latest"
