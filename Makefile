@@ -24,6 +24,7 @@ train: setup
 	$(VENV)/bin/rapid train --config configs/default.toml
 
 test: setup prometheus
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
 clean:

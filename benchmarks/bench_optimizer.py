@@ -48,11 +48,11 @@ def worker(batch: int, updates: int, microbatch: int) -> None:
     import torch
 
     from rapid.config import load_config
-    from rapid.experience import Shape
+    from rapid.formats.experience import Shape
     from rapid.infra.distributed import abort_on_error, detect_identity, init_process_group
-    from rapid.optimizer import learner_settings
     from rapid.opt.learner import Learner
-    from rapid.runtime import build_policy, env_spec
+    from rapid.roles.optimizer import learner_settings
+    from rapid.roles.startup import build_policy, env_spec
 
     identity = detect_identity()
     with abort_on_error(identity), init_process_group(identity) as dist:
@@ -96,7 +96,8 @@ def main() -> None:
     if args.worker:
         worker(args.batch, args.updates, args.microbatch)
         return
-    print("| ranks | params | batch/rank | global batch | median ms/update | samples/s | timesteps/s | all-reduce share |")
+    print("| ranks | params | batch/rank | global batch | median ms/update | samples/s | timesteps/s "
+          "| all-reduce share |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     own = [__file__, "--worker", "--batch", str(args.batch), "--updates", str(args.updates),
            "--microbatch", str(args.microbatch)]

@@ -20,10 +20,10 @@ from rapid.config import load_config
 from rapid.envs.registry import make_env
 from rapid.monitoring.metrics import OptimizerMetrics, RolloutMetrics
 from rapid.opt.learner import Learner
-from rapid.optimizer import learner_settings
-from rapid.rollout import RolloutWorker
-from rapid.rollout_role import rollout_settings
-from rapid.runtime import build_policy
+from rapid.roles.optimizer import learner_settings
+from rapid.roles.rollout import rollout_settings
+from rapid.roles.startup import build_policy
+from rapid.rollout_worker import RolloutWorker
 
 CASES = [
     ("connect_four_v3", "configs/default.toml", []),

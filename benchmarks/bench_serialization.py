@@ -1,4 +1,4 @@
-"""Experience object encode/decode throughput (``rapid.experience``): what one rollout worker spends per
+"""Experience object encode/decode throughput (``rapid.formats.experience``): what one rollout worker spends per
 upload and one optimizer rank per download, in GB/s of encoded bytes.
 
 Usage::
@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from rapid.experience import ExperienceBatch, Shape, decode_experience, encode_experience
+from rapid.formats.experience import ExperienceBatch, Shape, decode_experience, encode_experience
 
 
 def make_batch(shape: Shape, samples: int, rng: np.random.Generator) -> ExperienceBatch:

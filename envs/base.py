@@ -103,14 +103,14 @@ class VecMultiAgentEnv(abc.ABC):
     def step(self, actions: np.ndarray) -> StepResult:
         """Apply int actions [B, A, heads]; actions that the mask forbids are treated as no-ops."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, not abstract
         """Release resources (windows, subprocesses). Default: nothing."""
 
     def bot_names(self) -> tuple[str, ...]:
         """Scripted players this env offers, weakest first."""
         return ("random",)
 
-    def make_bot(self, name: str, seed: int = 0) -> "ScriptedBot":
+    def make_bot(self, name: str, seed: int = 0) -> ScriptedBot:
         """A scripted player by name; KeyError for a name not in ``bot_names()``."""
         return generic_bot(name, self.spec, seed)
 

@@ -20,8 +20,8 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 MAX_KEY_LENGTH = 512

@@ -26,7 +26,7 @@ import os
 import socket
 import threading
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary

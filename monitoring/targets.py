@@ -17,8 +17,8 @@ import logging
 import os
 import re
 import tempfile
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Iterable, Mapping
 
 log = logging.getLogger(__name__)
 

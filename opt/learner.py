@@ -3,7 +3,7 @@
 Usage::
 
     learner = Learner(policy, LearnerSettings(...), all_reduce=ctx.all_reduce_gradients)
-    stats = learner.update(batch)        # batch: dict of [S, T, ...] arrays (see rapid.experience)
+    stats = learner.update(batch)        # batch: dict of [S, T, ...] arrays (see rapid.formats.experience)
     if stats["skipped"]: ...             # non-finite loss or gradients: nothing was applied
 
 With several ranks every rank calls ``update`` in lock step; ``all_reduce`` averages the gradients, so
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch

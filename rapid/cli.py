@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import zlib
 from pathlib import Path
 
 from rapid.errors import FormatError, UsageError
@@ -116,7 +115,7 @@ def run_dir_config(run_dir: str | None, extra: list[str] = ()):
 
 
 def cmd_train(args) -> int:
-    from rapid.local import run_train
+    from rapid.roles.launcher import run_train
 
     extra = [f"run.{k}={v}" for k, v in (("minutes", args.minutes), ("updates", args.updates),
                                          ("num_workers", args.workers)) if v is not None]
@@ -146,9 +145,9 @@ def cmd_config(args) -> int:
 
 def cmd_eval(args) -> int:
     from rapid.envs.registry import make_env
-    from rapid.evaluate import batch_size, make_player, play_match
-    from rapid.params import ParameterStore
-    from rapid.runtime import open_run_store
+    from rapid.matches import batch_size, make_player, play_match
+    from rapid.param_store import ParameterStore
+    from rapid.roles.startup import open_run_store
 
     if args.games < 1:
         raise UsageError("--games must be at least 1")
@@ -169,21 +168,21 @@ def cmd_role(args) -> int:
     with abort_on_error(identity):
         cfg = load(args)
         if args.command == "rollout":
-            from rapid.rollout_role import default_worker_id, run_rollout
+            from rapid.roles.rollout import default_worker_id, run_rollout
+            from rapid.roles.startup import rollout_seed
 
             worker = (args.worker_id or cfg.rollout.worker_id
                       or (f"w{identity.rank}" if identity.size > 1 else default_worker_id()))
             # Pods and job-array tasks all have rank 0: their name must tell their games apart.
-            seed = args.seed if args.seed is not None else (
-                cfg.run.seed * 1000 + identity.rank + 1 + zlib.crc32(worker.encode()) % 1_000_003)
+            seed = args.seed if args.seed is not None else rollout_seed(cfg.run.seed, worker, identity.rank)
             digits = "".join(ch for ch in worker if ch.isdigit())[-6:]
             rank = identity.rank if identity.size > 1 else int(digits or 0)
             return run_rollout(cfg, worker, seed, rank=rank, local_rank=identity.local_rank)
         if args.command == "evaluator":
-            from rapid.evaluator import run_evaluator
+            from rapid.roles.evaluator import run_evaluator
 
             return run_evaluator(cfg)
-        from rapid.optimizer import RankInfo, run_optimizer
+        from rapid.roles.optimizer import RankInfo, run_optimizer
 
         rank = RankInfo(identity.rank, identity.size, identity.local_rank)
         if identity.size == 1:
@@ -195,11 +194,11 @@ def cmd_role(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from rapid.evaluate import make_player
     from rapid.envs.moba import MobaVecEnv
-    from rapid.params import ParameterStore
+    from rapid.matches import make_player
+    from rapid.param_store import ParameterStore
     from rapid.replay import write_replay
-    from rapid.runtime import open_run_store
+    from rapid.roles.startup import open_run_store
 
     cfg = run_dir_config(args.run_dir) if args.run_dir else load(argparse.Namespace(config=None, set=["env.name=moba"]))
     if cfg.env.name != "moba":
@@ -248,7 +247,7 @@ def cmd_league(args) -> int:
         cfg = None
     else:
         cfg = run_dir_config(args.run_dir)
-        from rapid.runtime import open_run_store
+        from rapid.roles.startup import open_run_store
 
         store = open_run_store(cfg)
     return league_cli.run(args, store, play_match=_league_play_match(cfg, store) if cfg else None)
@@ -257,9 +256,9 @@ def cmd_league(args) -> int:
 def _league_play_match(cfg, store):
     """Plays league members against each other for `rapid league rate`."""
     from rapid.envs.registry import make_env
-    from rapid.evaluate import PolicyPlayer, batch_size, play_match
     from rapid.league import League
-    from rapid.runtime import build_policy
+    from rapid.matches import PolicyPlayer, batch_size, play_match
+    from rapid.roles.startup import build_policy
 
     league = League(store)
 

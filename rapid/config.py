@@ -13,13 +13,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import tomli_w
+import tomllib
 
 from rapid.errors import UsageError
 

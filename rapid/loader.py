@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from rapid.errors import FormatError
-from rapid.experience import Shape, decode_experience
+from rapid.formats.experience import Shape, decode_experience
 from rapid.infra.store import InvalidKey, KeyNotFound, Store, StoreError
 from rapid.opt.buffer import ExperienceBuffer
 

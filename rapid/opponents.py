@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from rapid.errors import FormatError
 from rapid.infra.store import KeyNotFound, StoreError
 from rapid.league import League, MatchResult, OpponentSampler, ResultWriter, SamplingConfig
 from rapid.opt.model import Policy
-from rapid.rollout import LATEST, Opponent
+from rapid.rollout_worker import LATEST, Opponent
 
 log = logging.getLogger(__name__)
 

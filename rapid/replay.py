@@ -7,8 +7,9 @@ policy wrapper the CLI builds from a params version or snapshot). Player 0 plays
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, Sequence, Union
+from typing import Protocol, Union
 
 import numpy as np
 

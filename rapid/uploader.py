@@ -28,9 +28,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rapid.experience import ExperienceBatch, encode_experience, experience_key
+from rapid.formats.experience import ExperienceBatch, encode_experience
 from rapid.infra.store import Store, StoreError
-from rapid.rollout import Segment
+from rapid.rollout_worker import Segment
+from rapid.store_map import experience_key
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-from rapid import checkpoint as ckpt_mod
-from rapid import codec, experience, params
-from rapid.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
+from rapid import checkpoints, store_map
 from rapid.errors import FormatError
-from rapid.experience import ExperienceBatch, Shape, decode_experience, encode_experience
-from rapid.params import ParamsObject, decode_params, encode_params
+from rapid.formats import checkpoint as ckpt_mod
+from rapid.formats import codec, experience, params
+from rapid.formats.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
+from rapid.formats.experience import ExperienceBatch, Shape, decode_experience, encode_experience
+from rapid.formats.params import ParamsObject, decode_params, encode_params
+from rapid.param_store import ParameterStore
 
 torch.set_num_threads(1)
 
@@ -182,23 +184,23 @@ def test_checkpoint_save_and_load_latest(tmp_path):
     from rapid.infra.store import LocalStore
 
     store = LocalStore(tmp_path / "s")
-    assert ckpt_mod.load_latest_checkpoint(store) is None
+    assert checkpoints.load_latest_checkpoint(store) is None
     ck = make_checkpoint()
     for v in (1, 2, 3, 4):
         ck.version = v
-        ckpt_mod.save_checkpoint(store, ck, keep=2)
+        checkpoints.save_checkpoint(store, ck, keep=2)
     assert store.list("checkpoints/") == ["checkpoints/000000000003.rck", "checkpoints/000000000004.rck",
                                           "checkpoints/LATEST"]
-    assert ckpt_mod.load_latest_checkpoint(store).version == 4
+    assert checkpoints.load_latest_checkpoint(store).version == 4
     store.put("checkpoints/LATEST", b"garbage")
-    assert_format_error(lambda _: ckpt_mod.load_latest_checkpoint(store), None)
+    assert_format_error(lambda _: checkpoints.load_latest_checkpoint(store), None)
 
 
 def test_parameter_store_publish_fetch_latest(tmp_path):
     from rapid.infra.store import LocalStore
 
     store = LocalStore(tmp_path / "s")
-    ps = params.ParameterStore(store)
+    ps = ParameterStore(store)
     assert ps.latest_version() is None
     obj = make_params()
     ps.publish(3, obj.tensors, meta={"a": 1})
@@ -210,9 +212,9 @@ def test_parameter_store_publish_fetch_latest(tmp_path):
         ps.publish(3, {"x": np.zeros(1, np.float32)})
     assert ps.fetch(3).tensors.keys() == obj.tensors.keys()
     # a version object stored under the wrong key is rejected
-    store.put(params.params_key(5), store.get(params.params_key(4)))
+    store.put(store_map.params_key(5), store.get(store_map.params_key(4)))
     assert_format_error(lambda _: ps.fetch(5), None)
-    store.put(params.LATEST_KEY, b"\xff\xfe")
+    store.put(store_map.PARAMS_LATEST, b"\xff\xfe")
     assert_format_error(lambda _: ps.latest_version(), None)
 
 
@@ -550,8 +552,9 @@ class _Evil:
         return (open, (self.path, "w"))
 
 
-@pytest.mark.parametrize("module", ["rapid/codec.py", "rapid/experience.py", "rapid/params.py",
-                                    "rapid/checkpoint.py", "rapid/loader.py", "rapid/uploader.py",
+@pytest.mark.parametrize("module", ["rapid/formats/codec.py", "rapid/formats/experience.py", "rapid/formats/params.py",
+                                    "rapid/formats/checkpoint.py", "rapid/loader.py", "rapid/uploader.py",
+                                    "rapid/param_store.py", "rapid/checkpoints.py", "rapid/store_map.py",
                                     "infra/store.py"])
 def test_data_path_modules_do_not_use_pickle(module):
     tree = ast.parse((ROOT / module).read_text())

@@ -15,12 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rapid import checkpoint as ckpt_mod
-from rapid import codec, experience, params
-from rapid.checkpoint import decode_checkpoint
 from rapid.errors import FormatError
-from rapid.experience import ExperienceBatch, Shape, decode_experience, encode_experience
-from rapid.params import ParamsObject, decode_params, encode_params
+from rapid.formats import checkpoint as ckpt_mod
+from rapid.formats import codec, experience, params
+from rapid.formats.checkpoint import decode_checkpoint
+from rapid.formats.experience import ExperienceBatch, Shape, decode_experience, encode_experience
+from rapid.formats.params import ParamsObject, decode_params, encode_params
 
 SHAPE = Shape(bptt=2, obs_dim=3, mask_dim=3, heads=1, lstm=2)
 COUNT = {"objects": 0}

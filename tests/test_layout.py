@@ -3,8 +3,9 @@
 import ast
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"rapid": "rapid", "envs": "rapid.envs", "opt": "rapid.opt", "infra": "rapid.infra",
@@ -41,7 +42,8 @@ def test_package_dir_maps_top_level_folders_under_rapid():
 
 
 def test_no_generic_top_level_names_installed(tmp_path):
-    code = "import importlib.util,sys; sys.exit(any(importlib.util.find_spec(n) for n in ('envs','opt','infra','monitoring')))"
+    code = ("import importlib.util,sys; "
+            "sys.exit(any(importlib.util.find_spec(n) for n in ('envs','opt','infra','monitoring')))")
     assert subprocess.run([sys.executable, "-c", code], cwd=tmp_path).returncode == 0
 
 

@@ -10,16 +10,24 @@ import numpy as np
 import pytest
 
 from rapid.errors import FormatError, UsageError
+from rapid.formats.params import ParamsObject
 from rapid.infra.store import LocalStore
 from rapid.league import cli
-from rapid.league.pool import POINTER_KEY, League, revision_key, snapshot_key
-from rapid.league.state import Member, PoolFormatError, PoolMissing, PoolState, ensure_bots, version_id
+from rapid.league.pool import League
 from rapid.league.ratings import MU, SIGMA, conservative, rate_games, rating_of
-from rapid.league.results import (MatchResult, ResultFolder, ResultWriter, decode_results, encode_results,
-                                  fold_results)
-from rapid.league.sampling import (LATEST, OpponentSampler, SamplingConfig, opponent_distribution,
-                                   pfsp_probabilities, pfsp_weight, quality_probabilities)
-from rapid.params import ParameterStore, ParamsObject, params_key
+from rapid.league.results import MatchResult, ResultFolder, ResultWriter, decode_results, encode_results, fold_results
+from rapid.league.sampling import (
+    LATEST,
+    OpponentSampler,
+    SamplingConfig,
+    opponent_distribution,
+    pfsp_probabilities,
+    pfsp_weight,
+    quality_probabilities,
+)
+from rapid.league.state import Member, PoolFormatError, PoolMissing, PoolState, ensure_bots, version_id
+from rapid.param_store import ParameterStore
+from rapid.store_map import POOL_POINTER, params_key, pool_revision_key, snapshot_key
 from tests.s3_server import s3_server, s3_store  # noqa: F401  (fixtures)
 
 
@@ -235,17 +243,17 @@ def test_pool_on_s3(s3_store, capsys):
 def test_lagging_pointer_and_corrupt_documents(store):
     league = League(store)
     league.update(lambda s: pool_of(snap(1)))
-    old_pointer = store.get(POINTER_KEY)
+    old_pointer = store.get(POOL_POINTER)
     league.update(lambda s: pool_of(snap(1), snap(2)))
-    store.put(POINTER_KEY, old_pointer)  # a slow writer rewrote an older copy
+    store.put(POOL_POINTER, old_pointer)  # a slow writer rewrote an older copy
     assert set(league.read().members) == {version_id(1), version_id(2)}
-    store.put(POINTER_KEY, b"{not json")  # a damaged pointer is only a cache
+    store.put(POOL_POINTER, b"{not json")  # a damaged pointer is only a cache
     assert league.read().revision == 2
-    store.put(revision_key(2), b'{"format": "rapid.league_pool", "schema": 1}')
+    store.put(pool_revision_key(2), b'{"format": "rapid.league_pool", "schema": 1}')
     with pytest.raises(PoolFormatError):
         league.read()
     for bad in (b"\xff", b"[]", b'{"format": "rapid.league_pool", "schema": 99}'):
-        store.put(revision_key(2), bad)
+        store.put(pool_revision_key(2), bad)
         with pytest.raises(PoolFormatError):
             league.read()
     assert issubclass(PoolFormatError, FormatError)
@@ -281,7 +289,7 @@ def test_results_round_trip_and_rejects_corrupt():
         decode_results(data[:-3])
     with pytest.raises(FormatError):
         decode_results(data[:20] + bytes([data[20] ^ 1]) + data[21:])
-    from rapid import codec
+    from rapid.formats import codec
     for rows in ([{"learner_version": 1}], [{**vars(rs[0]), "winner": "nobody"}], "x"):
         with pytest.raises(FormatError):
             decode_results(codec.encode("rapid.match_results", 1, {"results": rows}))

@@ -21,19 +21,21 @@ import numpy as np
 import pytest
 import torch
 
-from rapid import codec, experience
-from rapid.checkpoint import decode_checkpoint, load_latest_checkpoint
+from rapid.checkpoints import load_latest_checkpoint
 from rapid.config import load_config, to_toml
 from rapid.errors import FormatError
-from rapid.experience import decode_experience, encode_experience
+from rapid.formats import codec, experience
+from rapid.formats.experience import decode_experience, encode_experience
+from rapid.formats.params import decode_params
 from rapid.infra.s3 import S3Store
 from rapid.infra.store import InvalidKey, LocalStore, open_store
 from rapid.league import League
+from rapid.monitoring.logs import read_jsonl
 from rapid.opt.learner import Learner, LearnerSettings
 from rapid.opt.model import Policy
-from rapid.params import ParameterStore, decode_params, params_key
-from rapid.monitoring.logs import read_jsonl
-from rapid.runtime import env_spec
+from rapid.param_store import ParameterStore
+from rapid.roles.startup import env_spec
+from rapid.store_map import params_key
 from tests.helpers import RAPID, ROOT, alive, rapid, wait_for
 from tests.s3_server import DUMMY_CREDENTIALS, free_port, start_moto_server, stop
 
@@ -617,8 +619,8 @@ def test_publish_is_idempotent_and_outage_writes_are_retried(tmp_path):
     landed, its answer was lost) succeeds without reusing the version; a write failing with StoreError is
     retried with backoff until the store is back, and raised once the role is asked to stop."""
     from rapid.infra.store import StoreError
-    from rapid.optimizer import _until_stored
-    from rapid.runtime import StopFlag
+    from rapid.roles.optimizer import _until_stored
+    from rapid.roles.startup import StopFlag
 
     params = ParameterStore(LocalStore(tmp_path / "s"))
     tensors = {"w": np.ones(3, np.float32)}

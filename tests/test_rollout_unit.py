@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from rapid.envs.pettingzoo_adapter import PettingZooVecEnv
-from rapid.experience import ExperienceBatch, Shape, decode_experience, encode_experience
+from rapid.formats.experience import ExperienceBatch, Shape, decode_experience, encode_experience
 from rapid.infra.store import LocalStore
 from rapid.loader import ExperienceLoader
 from rapid.opt.buffer import ExperienceBuffer
 from rapid.opt.learner import Learner, LearnerSettings
 from rapid.opt.model import Policy
-from rapid.rollout import RolloutSettings, RolloutWorker
+from rapid.rollout_worker import RolloutSettings, RolloutWorker
 from rapid.uploader import Uploader
 
 torch.set_num_threads(1)

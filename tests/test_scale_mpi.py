@@ -20,16 +20,17 @@ import boto3
 import numpy as np
 import pytest
 
-from rapid.checkpoint import load_latest_checkpoint
+from rapid.checkpoints import load_latest_checkpoint
 from rapid.config import load_config
-from rapid.experience import ExperienceBatch, Shape, encode_experience, experience_key
+from rapid.formats.experience import ExperienceBatch, Shape, encode_experience
 from rapid.infra.s3 import S3Store
 from rapid.infra.store import LocalStore
 from rapid.loader import ExperienceLoader, owner_rank
-from rapid.opt.buffer import ExperienceBuffer
-from rapid.params import ParameterStore
 from rapid.monitoring.logs import read_jsonl
-from rapid.runtime import env_spec
+from rapid.opt.buffer import ExperienceBuffer
+from rapid.param_store import ParameterStore
+from rapid.roles.startup import env_spec
+from rapid.store_map import experience_key
 from tests.mpi_scripts.optimizer_ranks import digest
 from tests.s3_server import DUMMY_CREDENTIALS
 

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from rapid.infra.store import LocalStore
-from rapid.params import ParameterStore
 from rapid.monitoring.logs import read_jsonl
+from rapid.param_store import ParameterStore
 from tests.helpers import alive, kill_group, rapid, start_rapid, wait_for
 
 FAST = ["--set", "rollout.upload_interval_s=1.0", "--set", "env.num_games=32", "--set", "eval.interval_s=5",

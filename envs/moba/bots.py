@@ -30,7 +30,7 @@ class IdleBot(ScriptedBot):
 
     name = "idle"
 
-    def __init__(self, env: "MobaVecEnv"):
+    def __init__(self, env: MobaVecEnv):
         self.shape = (env.num_games, env.spec.num_agents, len(env.spec.action_heads))
 
     def act(self, step: StepResult) -> np.ndarray:
@@ -42,7 +42,7 @@ class LaneBot(ScriptedBot):
 
     name = "lane"
 
-    def __init__(self, env: "MobaVecEnv"):
+    def __init__(self, env: MobaVecEnv):
         self.env = env
         lay, cfg, ob = env.layout, env.cfg, env.observer
         self.sign = lay.side_sign
@@ -133,7 +133,7 @@ class LaneBot(ScriptedBot):
         return np.stack([atype, direction, slot], axis=-1)
 
 
-def make_bot(env: "MobaVecEnv", name: str, seed: int = 0) -> ScriptedBot:
+def make_bot(env: MobaVecEnv, name: str, seed: int = 0) -> ScriptedBot:
     """A moba bot by name (``random``, ``idle``, ``lane``); KeyError for any other name."""
     if name == "random":
         return RandomBot(env.spec, seed)

@@ -139,7 +139,7 @@ class MobaConfig:
             raise ValueError("moba: creep_slots must be a multiple of wave_size")
 
     @classmethod
-    def from_options(cls, **options: object) -> "MobaConfig":
+    def from_options(cls, **options: object) -> MobaConfig:
         """Build from keyword options, with a one-line error naming any unknown option."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - known)

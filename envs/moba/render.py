@@ -7,8 +7,9 @@ kills and destroyed structures.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -30,7 +31,7 @@ COLORS = {
 }
 
 
-def render_frame(env: "MobaVecEnv", game: int = 0) -> np.ndarray:
+def render_frame(env: MobaVecEnv, game: int = 0) -> np.ndarray:
     """RGB uint8 [height, width, 3] picture of game ``game`` of ``env`` as it is now."""
     cfg, lay, st = env.cfg, env.layout, env.state
     y_half = env.rules.y_limit + 3.0

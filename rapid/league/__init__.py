@@ -14,11 +14,19 @@ This package handles numpy arrays only (no torch), so importing it stays light.
 """
 
 from rapid.league.pool import League
-from rapid.league.state import (Member, PoolConflict, PoolFormatError, PoolMissing, PoolState, Rating, ensure_bots,
-                                version_id)
 from rapid.league.ratings import conservative, rate_games, rating_of
 from rapid.league.results import MatchResult, ResultFolder, ResultWriter, fold_results
 from rapid.league.sampling import LATEST, OpponentChoice, OpponentSampler, SamplingConfig
+from rapid.league.state import (
+                                Member,
+                                PoolConflict,
+                                PoolFormatError,
+                                PoolMissing,
+                                PoolState,
+                                Rating,
+                                ensure_bots,
+                                version_id,
+)
 
 __all__ = [
     "LATEST", "League", "MatchResult", "Member", "OpponentChoice", "OpponentSampler", "PoolConflict",

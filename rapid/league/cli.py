@@ -17,17 +17,30 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from rapid import codec
 from rapid.errors import FormatError, UsageError
+from rapid.formats import codec
+from rapid.formats.params import decode_params
 from rapid.infra.store import KeyNotFound, Store
-from rapid.league.pool import League, snapshot_key
-from rapid.league.state import (VERSION_ID, PoolFormatError, PoolMissing, PoolState, add_member, check_member_id,
-                                dump_pool, ensure_bots, load_pool, set_flag, version_id)
+from rapid.league.pool import League
 from rapid.league.ratings import rate_games, rating_of
-from rapid.params import ParameterStore, decode_params, params_key
+from rapid.league.state import (
+    VERSION_ID,
+    PoolFormatError,
+    PoolMissing,
+    PoolState,
+    add_member,
+    check_member_id,
+    dump_pool,
+    ensure_bots,
+    load_pool,
+    set_flag,
+    version_id,
+)
+from rapid.param_store import ParameterStore
+from rapid.store_map import params_key, snapshot_key
 
 EXPORT_FORMAT = "rapid.league_export"
 EXPORT_VERSION = 1

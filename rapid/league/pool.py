@@ -29,27 +29,29 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
+from rapid.formats.params import ParamsObject, decode_params, encode_params
 from rapid.infra.store import KeyNotFound, Store
-from rapid.league.state import (SNAPSHOT_ID, VERSION_ID, Member, PoolConflict, PoolFormatError, PoolMissing,
-                                PoolState, add_member, check_member_id, dump_pool, joining_quality, load_pool,
-                                retire_overflow, version_id)
-from rapid.params import ParameterStore, ParamsObject, decode_params, encode_params, params_key
-
-POINTER_KEY = "league/pool.json"
-REVISIONS_PREFIX = "league/pool/"
-SNAPSHOTS_PREFIX = "league/snapshots/"
-
-
-def revision_key(revision: int) -> str:
-    return f"{REVISIONS_PREFIX}{revision:012d}.json"
-
-
-def snapshot_key(member_id: str) -> str:
-    return f"{SNAPSHOTS_PREFIX}{member_id}.rpm"
-
+from rapid.league.state import (
+    SNAPSHOT_ID,
+    VERSION_ID,
+    Member,
+    PoolConflict,
+    PoolFormatError,
+    PoolMissing,
+    PoolState,
+    add_member,
+    check_member_id,
+    dump_pool,
+    joining_quality,
+    load_pool,
+    retire_overflow,
+    version_id,
+)
+from rapid.param_store import ParameterStore
+from rapid.store_map import POOL_POINTER, POOL_REVISIONS_PREFIX, params_key, pool_revision_key, snapshot_key
 
 # --- the store-backed pool --------------------------------------------------------------------------
 
@@ -69,7 +71,7 @@ class League:
     def read(self) -> PoolState:
         state = self._head()
         if state is None:
-            raise PoolMissing(f"no league pool in {self.store.describe()} ({POINTER_KEY} is missing)")
+            raise PoolMissing(f"no league pool in {self.store.describe()} ({POOL_POINTER} is missing)")
         return state
 
     def read_or_empty(self) -> PoolState:
@@ -86,16 +88,16 @@ class League:
             base = self._head(use_listing=use_listing) or PoolState()
             new = replace(fn(base.clone()), revision=base.revision + 1, updated_at=self.clock())
             blob = dump_pool(new)
-            if not self.store.put_if_absent(revision_key(new.revision), blob):
+            if not self.store.put_if_absent(pool_revision_key(new.revision), blob):
                 time.sleep(random.uniform(0, 0.002 * (attempt + 1)))  # jitter: racing writers spread out
                 continue
-            if base.revision and not self.store.exists(revision_key(base.revision)):
+            if base.revision and not self.store.exists(pool_revision_key(base.revision)):
                 # Our base revision was already garbage-collected (we read a pointer that lagged far
                 # behind), so revision+1 was a deleted hole, not the head: undo and re-read by listing.
-                self.store.delete(revision_key(new.revision))
+                self.store.delete(pool_revision_key(new.revision))
                 use_listing = True
                 continue
-            self.store.put(POINTER_KEY, blob)
+            self.store.put(POOL_POINTER, blob)
             if new.revision % 16 == 0:
                 self._collect(new.revision)
             return new
@@ -105,7 +107,7 @@ class League:
         state = None
         if not use_listing:
             try:
-                state = load_pool(self.store.get(POINTER_KEY), POINTER_KEY)
+                state = load_pool(self.store.get(POOL_POINTER), POOL_POINTER)
             except KeyNotFound:
                 pass
             except PoolFormatError:
@@ -114,26 +116,26 @@ class League:
             revisions = self._revisions()
             if not revisions:
                 return None
-            state = self._load_revision(revisions[-1], self.store.get(revision_key(revisions[-1])))
+            state = self._load_revision(revisions[-1], self.store.get(pool_revision_key(revisions[-1])))
         # The pointer may lag (a writer died before updating it, or a slow one rewrote an older copy).
         while True:
             try:
-                blob = self.store.get(revision_key(state.revision + 1))
+                blob = self.store.get(pool_revision_key(state.revision + 1))
             except KeyNotFound:
                 return state
             state = self._load_revision(state.revision + 1, blob)
 
     @staticmethod
     def _load_revision(revision: int, blob: bytes) -> PoolState:
-        state = load_pool(blob, revision_key(revision))
+        state = load_pool(blob, pool_revision_key(revision))
         if state.revision != revision:
-            raise PoolFormatError(f"{revision_key(revision)} holds revision {state.revision}")
+            raise PoolFormatError(f"{pool_revision_key(revision)} holds revision {state.revision}")
         return state
 
     def _revisions(self) -> list[int]:
         out = []
-        for key in self.store.list(REVISIONS_PREFIX):
-            name = key[len(REVISIONS_PREFIX):]
+        for key in self.store.list(POOL_REVISIONS_PREFIX):
+            name = key[len(POOL_REVISIONS_PREFIX):]
             if name.endswith(".json") and name[:-5].isdigit():
                 out.append(int(name[:-5]))
         return sorted(out)
@@ -141,7 +143,7 @@ class League:
     def _collect(self, head: int) -> None:
         for rev in self._revisions():
             if rev < head - self.keep_revisions:
-                self.store.delete(revision_key(rev))
+                self.store.delete(pool_revision_key(rev))
 
     # --- snapshots ----------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Match results: small objects from rollout workers, folded into the pool by optimizer rank 0.
 
-Format ``rapid.match_results`` v1 (rapid.codec envelope: name, version, checksum) holding
+Format ``rapid.match_results`` v1 (rapid.formats.codec envelope: name, version, checksum) holding
 ``{"results": [{learner_version, opponent_id, winner, length, worker, time}, …]}`` under
 ``league/results/<worker>/<seq:012d>.rmr``. Usage::
 
@@ -19,19 +19,19 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from rapid import codec
 from rapid.errors import FormatError
-from rapid.infra.store import KeyNotFound, Store, validate_key
+from rapid.formats import codec
+from rapid.infra.store import KeyNotFound, Store
 from rapid.league.pool import League
-from rapid.league.state import PoolState
 from rapid.league.sampling import LATEST, quality_probabilities, quality_update
+from rapid.league.state import PoolState
+from rapid.store_map import RESULTS_PREFIX, results_key
 
 FORMAT = "rapid.match_results"
 FORMAT_VERSION = 1
-RESULTS_PREFIX = "league/results/"
 WINNERS = ("learner", "opponent", "draw")
 MAX_RESULTS = 100_000
 LIMITS = codec.Limits(max_bytes=64 << 20, max_array_bytes=1 << 20, max_elements=MAX_RESULTS)
@@ -88,10 +88,6 @@ def decode_results(data: bytes) -> list[MatchResult]:
         values["time"] = float(values["time"])
         out.append(_check(MatchResult(**values), where))
     return out
-
-
-def results_key(worker: str, seq: int) -> str:
-    return validate_key(f"{RESULTS_PREFIX}{worker}/{seq:012d}.rmr")
 
 
 class ResultWriter:

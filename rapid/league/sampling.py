@@ -22,16 +22,16 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 from rapid.errors import FormatError, UsageError
+from rapid.formats.params import ParamsObject
 from rapid.infra.store import StoreError
 from rapid.league.pool import League
 from rapid.league.state import Member, PoolState
-from rapid.params import ParamsObject
 
 LATEST = "latest"
 SCHEMES = ("openai_five", "pfsp")

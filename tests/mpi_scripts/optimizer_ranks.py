@@ -1,7 +1,7 @@
-"""Run under ``mpiexec -n N``: the real optimizer loop (``rapid.optimizer.run_optimizer``) on every rank,
+"""Run under ``mpiexec -n N``: the real optimizer loop (``rapid.roles.optimizer.run_optimizer``) on every rank,
 then prove the ranks ended with bit-identical parameters.
 
-The roles do not expose a rank's weights, so this driver swaps ``rapid.optimizer.Learner`` for a subclass
+The roles do not expose a rank's weights, so this driver swaps ``rapid.roles.optimizer.Learner`` for a subclass
 that only remembers its instance (the real learner, real all-reduce, real data from a rollout worker) and,
 after the run ends by itself at ``run.updates``, gathers a digest of every rank's weights, normalizer
 buffers and Adam state. Rank 0 prints one JSON line, ``RESULT {...}``; any failure aborts the job.
@@ -37,26 +37,26 @@ def adam_digest(adam) -> str:
 def main(config_path: str) -> None:
     from mpi4py import MPI
 
-    import rapid.optimizer
+    import rapid.roles.optimizer
     from rapid.config import load_config
     from rapid.infra.distributed import abort_on_error, detect_identity, init_process_group
-    from rapid.runtime import StopFlag
+    from rapid.roles.startup import StopFlag
 
     learners = []
 
-    class RecordingLearner(rapid.optimizer.Learner):
+    class RecordingLearner(rapid.roles.optimizer.Learner):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             learners.append(self)
 
-    rapid.optimizer.Learner = RecordingLearner
+    rapid.roles.optimizer.Learner = RecordingLearner
     identity = detect_identity()
     with abort_on_error(identity):
         cfg = load_config(config_path)
-        rank = rapid.optimizer.RankInfo(identity.rank, identity.size, identity.local_rank)
+        rank = rapid.roles.optimizer.RankInfo(identity.rank, identity.size, identity.local_rank)
         with init_process_group(identity, timeout=120) as ctx:
             assert ctx.backend == "gloo", ctx.backend
-            code = rapid.optimizer.run_optimizer(cfg, rank=rank, ctx=ctx, stop=StopFlag(install_signals=False))
+            code = rapid.roles.optimizer.run_optimizer(cfg, rank=rank, ctx=ctx, stop=StopFlag(install_signals=False))
         (learner,) = learners
         mine = {"rank": identity.rank, "exit": code, "updates": learner.updates, "skipped": learner.skipped,
                 "params": digest(learner.policy.tensors()), "adam": adam_digest(learner.adam)}

@@ -1,7 +1,6 @@
-"""Parameter objects and the parameter store (SPEC §4–5).
+"""The parameter store: published, immutable versions of the policy's weights in a run's store.
 
-A parameter object holds one immutable published version of the policy's weights (and its normalizer
-statistics, which are buffers of the model). Usage::
+Usage::
 
     params = ParameterStore(store)
     params.publish(7, state, meta={"updates": 70})     # params/000000000007.rpm, then params/LATEST
@@ -11,55 +10,12 @@ statistics, which are buffers of the model). Usage::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
-from rapid import codec
 from rapid.errors import FormatError
+from rapid.formats.params import ParamsObject, decode_params, encode_params
 from rapid.infra.store import KeyNotFound, Store
-
-FORMAT = "rapid.params"
-FORMAT_VERSION = 1
-LATEST_KEY = "params/LATEST"
-LIMITS = codec.Limits(max_bytes=2 << 30, max_array_bytes=1 << 30, max_elements=10_000)
-
-
-def params_key(version: int) -> str:
-    return f"params/{version:012d}.rpm"
-
-
-@dataclass
-class ParamsObject:
-    version: int
-    tensors: dict[str, np.ndarray]
-    meta: dict = field(default_factory=dict)
-
-
-def encode_params(obj: ParamsObject) -> bytes:
-    return codec.encode(FORMAT, FORMAT_VERSION, {
-        "version": int(obj.version),
-        "tensors": {k: np.asarray(v) for k, v in obj.tensors.items()},
-        "meta": obj.meta,
-    })
-
-
-def decode_params(data: bytes) -> ParamsObject:
-    tree = codec.decode(data, FORMAT, (FORMAT_VERSION,), LIMITS)
-    where = "params object"
-    if not isinstance(tree, dict):
-        raise FormatError(f"{where}: payload is not a map")
-    version = codec.require(tree, "version", int, where)
-    if version < 0:
-        raise FormatError(f"{where}: negative version")
-    tensors = codec.require(tree, "tensors", dict, where)
-    for name, value in tensors.items():
-        if not isinstance(name, str) or not isinstance(value, np.ndarray):
-            raise FormatError(f"{where}: tensor {name!r} is not a named array")
-        if value.dtype.kind == "f" and not np.isfinite(value).all():
-            raise FormatError(f"{where}: tensor {name!r} has non-finite values")
-    meta = codec.require(tree, "meta", dict, where)
-    return ParamsObject(version, tensors, meta)
+from rapid.store_map import PARAMS_LATEST, PARAMS_PREFIX, params_key, read_version_pointer, write_version_pointer
 
 
 class ParameterStore:
@@ -79,7 +35,7 @@ class ParameterStore:
             if self._existing(version) != data:
                 raise FileExistsError(f"parameter version {version} is already published")
         # LATEST only after the version object exists, so a reader never follows a dangling pointer.
-        codec.write_version_pointer(self.store, LATEST_KEY, version)
+        write_version_pointer(self.store, PARAMS_LATEST, version)
 
     def _existing(self, version: int) -> bytes | None:
         try:
@@ -88,7 +44,7 @@ class ParameterStore:
             return None
 
     def latest_version(self) -> int | None:
-        return codec.read_version_pointer(self.store, LATEST_KEY)
+        return read_version_pointer(self.store, PARAMS_LATEST)
 
     def fetch(self, version: int) -> ParamsObject:
         obj = decode_params(self.store.get(params_key(version)))
@@ -98,7 +54,7 @@ class ParameterStore:
 
     def versions(self) -> list[int]:
         out = []
-        for key in self.store.list("params/"):
+        for key in self.store.list(PARAMS_PREFIX):
             name = key.rsplit("/", 1)[-1]
             if name.endswith(".rpm") and name[:-4].isdigit():
                 out.append(int(name[:-4]))

@@ -10,14 +10,13 @@ it played. Usage::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from rapid import codec
 from rapid.errors import FormatError
+from rapid.formats import codec
 
 FORMAT = "rapid.experience"
 FORMAT_VERSION = 1
@@ -137,7 +136,3 @@ def decode_experience(data: bytes, shape: Shape) -> ExperienceBatch:
         raise FormatError(f"{where}: a step with an all-forbidden action mask")
     return ExperienceBatch(worker, seq, float(created), arrays, opponents,
                            [_check_episode(ep, where) for ep in episodes], env_steps)
-
-
-def experience_key(worker: str, incarnation: str, seq: int) -> str:
-    return f"experience/{worker}/{incarnation}-{seq:08d}.rxp"

@@ -13,19 +13,20 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rapid.checkpoint import Checkpoint, load_latest_checkpoint, save_checkpoint
+from rapid.checkpoints import load_latest_checkpoint, save_checkpoint
 from rapid.config import Config, to_toml
-from rapid.errors import UsageError
-from rapid.experience import Shape
-from rapid.errors import FormatError
+from rapid.errors import FormatError, UsageError
+from rapid.formats.checkpoint import Checkpoint
+from rapid.formats.experience import Shape
+from rapid.formats.params import ParamsObject
 from rapid.infra.store import StoreError
 from rapid.league import League, PoolConflict, ResultFolder, ensure_bots
 from rapid.loader import ExperienceLoader
 from rapid.monitoring.metrics import OptimizerMetrics
 from rapid.opt.buffer import ExperienceBuffer
 from rapid.opt.learner import Learner, LearnerSettings
-from rapid.params import ParameterStore, ParamsObject
-from rapid.runtime import JsonlLog, StopFlag, build_policy, env_spec, open_run_store, setup_logging, start_metrics
+from rapid.param_store import ParameterStore
+from rapid.roles.startup import JsonlLog, StopFlag, build_policy, env_spec, open_run_store, setup_logging, start_metrics
 
 FOLD_EVERY_S = 5.0
 LEAGUE_ERRORS = (StoreError, FormatError, PoolConflict, ValueError, ArithmeticError)

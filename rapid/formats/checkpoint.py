@@ -1,11 +1,5 @@
-"""Checkpoints: model, normalizers, Adam state and counters, in the msgpack codec (no pickle).
-
-Usage::
-
-    save_checkpoint(store, Checkpoint(version, updates, policy.tensors(), adam.state_dict()), keep=3)
-    ckpt = load_latest_checkpoint(store)        # None when the run has none
-    policy.load_tensors(ckpt.model); adam.load_state_dict(ckpt.adam_state())
-"""
+"""Checkpoint objects: model, normalizers, Adam state and counters, in the msgpack codec (no pickle).
+Encode and decode only; :mod:`rapid.checkpoints` saves and loads them."""
 
 from __future__ import annotations
 
@@ -15,18 +9,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from rapid import codec
 from rapid.errors import FormatError
-from rapid.infra.store import Store
+from rapid.formats import codec
 
 FORMAT = "rapid.checkpoint"
 FORMAT_VERSION = 1
-LATEST_KEY = "checkpoints/LATEST"
 LIMITS = codec.Limits(max_bytes=4 << 30, max_array_bytes=1 << 30, max_elements=100_000)
-
-
-def checkpoint_key(version: int) -> str:
-    return f"checkpoints/{version:012d}.rck"
 
 
 @dataclass
@@ -92,20 +80,3 @@ def _check_adam(adam: dict, where: str) -> None:
               and isinstance(group.get("eps", 0.0), (int, float)))
         if not ok:
             raise FormatError(f"{where}: Adam parameter group malformed")
-
-
-def save_checkpoint(store: Store, ckpt: Checkpoint, keep: int) -> str:
-    key = checkpoint_key(ckpt.version)
-    store.put(key, encode_checkpoint(ckpt))
-    codec.write_version_pointer(store, LATEST_KEY, ckpt.version)
-    old = sorted(k for k in store.list("checkpoints/") if k.endswith(".rck"))
-    for stale in old[:-keep]:
-        store.delete(stale)
-    return key
-
-
-def load_latest_checkpoint(store: Store) -> Checkpoint | None:
-    version = codec.read_version_pointer(store, LATEST_KEY)
-    if version is None:
-        return None
-    return decode_checkpoint(store.get(checkpoint_key(version)))

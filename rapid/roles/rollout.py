@@ -18,9 +18,9 @@ from rapid.infra.store import KeyNotFound, StoreError
 from rapid.league import League
 from rapid.monitoring.metrics import RolloutMetrics
 from rapid.opponents import LeagueOpponents, ResultReporter
-from rapid.params import ParameterStore
-from rapid.rollout import RolloutSettings, RolloutWorker
-from rapid.runtime import StopFlag, build_policy, open_run_store, setup_logging, start_metrics
+from rapid.param_store import ParameterStore
+from rapid.roles.startup import StopFlag, build_policy, open_run_store, setup_logging, start_metrics
+from rapid.rollout_worker import RolloutSettings, RolloutWorker
 from rapid.uploader import Uploader
 
 

@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 
 from rapid.config import Config
@@ -57,6 +58,12 @@ def build_policy(cfg: Config, spec: EnvSpec):
 
     return Policy(spec.obs_dim, spec.action_heads, hidden=cfg.model.hidden, encoder_layers=cfg.model.encoder_layers,
                   lstm=cfg.model.lstm, obs_clip=cfg.ppo.obs_clip)
+
+
+def rollout_seed(run_seed: int, worker: str, rank: int) -> int:
+    """A rollout worker's seed. Pods and job-array tasks all have rank 0: the worker's name tells their games
+    apart."""
+    return run_seed * 1000 + rank + 1 + zlib.crc32(worker.encode()) % 1_000_003
 
 
 class StopFlag:

@@ -17,7 +17,6 @@ import msgpack
 import numpy as np
 
 from rapid.errors import FormatError
-from rapid.infra.store import KeyNotFound, Store
 
 ARRAY_EXT = 1
 ALLOWED_DTYPES = frozenset(
@@ -143,20 +142,3 @@ def require_array(tree: dict, key: str, dtype: str, shape: tuple[int | None, ...
     if a.ndim != len(shape) or any(s is not None and s != d for s, d in zip(shape, a.shape)):
         raise FormatError(f"{where}: {key!r} has shape {a.shape}, expected {shape}")
     return a
-
-
-def write_version_pointer(store: Store, key: str, version: int) -> None:
-    """A ``LATEST``-style pointer: the version number as ASCII text."""
-    store.put(key, str(int(version)).encode("ascii"))
-
-
-def read_version_pointer(store: Store, key: str) -> int | None:
-    """The version a pointer names; None when there is no pointer yet, FormatError for garbage."""
-    try:
-        raw = store.get(key)
-    except KeyNotFound:
-        return None
-    try:
-        return int(raw.decode("ascii").strip())
-    except (UnicodeDecodeError, ValueError) as e:
-        raise FormatError(f"{key} is not a version number") from e

@@ -11,12 +11,12 @@ import torch
 from rapid.config import Config
 from rapid.envs.registry import make_env
 from rapid.errors import FormatError
-from rapid.evaluate import MatchResult, PolicyPlayer, batch_size, load_policy, play_match
 from rapid.infra.store import StoreError
 from rapid.league import League, PoolConflict, rate_games, rating_of, version_id
+from rapid.matches import MatchResult, PolicyPlayer, batch_size, load_policy, play_match
 from rapid.monitoring.metrics import EvaluatorMetrics
-from rapid.params import ParameterStore
-from rapid.runtime import JsonlLog, StopFlag, build_policy, open_run_store, setup_logging, start_metrics
+from rapid.param_store import ParameterStore
+from rapid.roles.startup import JsonlLog, StopFlag, build_policy, open_run_store, setup_logging, start_metrics
 
 
 def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:

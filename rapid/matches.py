@@ -13,8 +13,8 @@ Every slot of the vector env plays the same number of games, so short games are 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 import re
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -25,8 +25,8 @@ from rapid.envs.base import EnvSpec, StepResult, VecMultiAgentEnv
 from rapid.errors import UsageError
 from rapid.infra.store import KeyNotFound
 from rapid.opt.model import Policy
-from rapid.params import ParameterStore
-from rapid.runtime import build_policy
+from rapid.param_store import ParameterStore
+from rapid.roles.startup import build_policy
 
 
 class Player(Protocol):

@@ -20,7 +20,7 @@ from rapid.config import Config, to_toml
 from rapid.errors import UsageError
 from rapid.monitoring.metrics import LauncherMetrics
 from rapid.progress import Progress, RunLogs, final_summary
-from rapid.runtime import StopFlag, start_metrics
+from rapid.roles.startup import StopFlag, rollout_seed, start_metrics
 
 PR_SET_PDEATHSIG = 1
 
@@ -90,8 +90,10 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True) -> 
     workers = cfg.run.num_workers or default_workers()
     optimizer = Child("optimizer", ["optimizer", "--config", config_path] + (["--resume"] if resume else []),
                       logs / "optimizer.log")
+    # A resumed run plays new games: its workers' seeds differ from the first run's.
+    seed_offset = int(time.time()) if resume else 0
     rollouts = [Child(f"rollout-{i}", ["rollout", "--config", config_path, "--worker-id", f"w{i}",
-                                       "--seed", str(cfg.run.seed * 1000 + i + 1 + (int(time.time()) if resume else 0))],
+                                       "--seed", str(rollout_seed(cfg.run.seed, f"w{i}", i) + seed_offset)],
                       logs / f"rollout-{i}.log") for i in range(workers)]
     helpers = rollouts + ([Child("evaluator", ["evaluator", "--config", config_path], logs / "evaluator.log")]
                           if cfg.eval.interval_s > 0 else [])

@@ -1,0 +1,80 @@
+"""The map of a run's store: every key and pointer the roles use to talk to each other.
+
+The roles share no memory and no sockets; everything between them goes through these keys::
+
+    rollout worker ──put──▶ experience/<worker>/<incarnation>-<seq:08d>.rxp ──list/get──▶ optimizer loader
+          ▲                                                                                  │ (buffer, learner)
+          └──get── params/<version:012d>.rpm ◀──put_if_absent── optimizer rank 0 ◀────────────┘
+                   params/LATEST (pointer, moved after the version object exists)
+                   checkpoints/<version:012d>.rck, checkpoints/LATEST   (optimizer rank 0; --resume)
+    rollout worker ──put──▶ league/results/<worker>/<seq:012d>.rmr ──fold──▶ optimizer rank 0
+    optimizer rank 0, evaluator, `rapid league` ──▶ league/pool.json (pointer copy of the newest revision)
+                                                    league/pool/<revision:012d>.json (put_if_absent: the lock)
+                                                    league/snapshots/<member>.rpm (immutable copies of params)
+
+Formats (``rapid.formats``) encode and decode the objects; this module names where they live and reads and
+writes the ``LATEST`` pointers.
+
+Usage::
+
+    >>> params_key(7)
+    'params/000000000007.rpm'
+    >>> experience_key("w0", "a1b2", 3)
+    'experience/w0/a1b2-00000003.rxp'
+"""
+
+from __future__ import annotations
+
+from rapid.errors import FormatError
+from rapid.infra.store import KeyNotFound, Store, validate_key
+
+EXPERIENCE_PREFIX = "experience/"
+PARAMS_PREFIX = "params/"
+PARAMS_LATEST = "params/LATEST"
+CHECKPOINTS_PREFIX = "checkpoints/"
+CHECKPOINTS_LATEST = "checkpoints/LATEST"
+POOL_POINTER = "league/pool.json"
+POOL_REVISIONS_PREFIX = "league/pool/"
+SNAPSHOTS_PREFIX = "league/snapshots/"
+RESULTS_PREFIX = "league/results/"
+
+
+def experience_key(worker: str, incarnation: str, seq: int) -> str:
+    return f"{EXPERIENCE_PREFIX}{worker}/{incarnation}-{seq:08d}.rxp"
+
+
+def params_key(version: int) -> str:
+    return f"{PARAMS_PREFIX}{version:012d}.rpm"
+
+
+def checkpoint_key(version: int) -> str:
+    return f"{CHECKPOINTS_PREFIX}{version:012d}.rck"
+
+
+def pool_revision_key(revision: int) -> str:
+    return f"{POOL_REVISIONS_PREFIX}{revision:012d}.json"
+
+
+def snapshot_key(member_id: str) -> str:
+    return f"{SNAPSHOTS_PREFIX}{member_id}.rpm"
+
+
+def results_key(worker: str, seq: int) -> str:
+    return validate_key(f"{RESULTS_PREFIX}{worker}/{seq:012d}.rmr")
+
+
+def write_version_pointer(store: Store, key: str, version: int) -> None:
+    """A ``LATEST``-style pointer: the version number as ASCII text."""
+    store.put(key, str(int(version)).encode("ascii"))
+
+
+def read_version_pointer(store: Store, key: str) -> int | None:
+    """The version a pointer names; None when there is no pointer yet, FormatError for garbage."""
+    try:
+        raw = store.get(key)
+    except KeyNotFound:
+        return None
+    try:
+        return int(raw.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError) as e:
+        raise FormatError(f"{key} is not a version number") from e
