@@ -7,7 +7,8 @@ step per player) is one second of game time, so the discount horizon counts roun
 Parallel games step all live agents. An agent that has left the game (eliminated, or dead in a parallel game
 that goes on) is inactive and its row shows zeros: a state of its own, not a stale view of its last turn.
 Observations of different sizes are zero-padded to the largest; ``Dict`` observations with an
-``action_mask`` entry (PettingZoo's classic games) give their mask, otherwise a mask from ``info['action_mask']`` or all-allowed.
+``action_mask`` entry (PettingZoo's classic games) give their mask, otherwise a mask from
+``info['action_mask']`` or all-allowed.
 
 Agents are split into two sides: with two agents, one each; otherwise by name prefix when there are
 exactly two prefixes (``adversary_0``, ``agent_1`` …), else first half / second half.
