@@ -22,7 +22,17 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from rapid.envs.base import EnvSpec, EpisodeStats, StepResult, VecMultiAgentEnv, head_offsets, winner_from_returns
+from rapid.envs.base import (
+    EnvSpec,
+    EpisodeStats,
+    ScriptedBot,
+    StepResult,
+    VecMultiAgentEnv,
+    generic_bot,
+    head_offsets,
+    winner_from_returns,
+)
+from rapid.envs.board_bots import LookaheadBot
 
 
 def load_pettingzoo_module(path: str):
@@ -240,6 +250,16 @@ class PettingZooVecEnv(VecMultiAgentEnv):
         return StepResult(obs=self._obs.copy(), action_mask=self._mask.copy(), rewards=rewards,
                           terminated=terminated, truncated=truncated, active=self._active.copy(),
                           episodes=episodes)
+
+    def bot_names(self) -> tuple[str, ...]:
+        """``random`` for every game; ``lookahead`` too for turn-based games with one discrete action."""
+        board = not self.parallel and len(self.spec.action_heads) == 1
+        return ("random", "lookahead") if board else ("random",)
+
+    def make_bot(self, name: str, seed: int = 0) -> ScriptedBot:
+        if name == "lookahead" and name in self.bot_names():
+            return LookaheadBot(self.games, self.spec, seed)
+        return generic_bot(name, self.spec, seed)
 
     def close(self) -> None:
         for game in self.games:
