@@ -57,16 +57,38 @@ def bench_c4(out: Path, minutes: float, games: int, name: str, overrides: list[s
         print(f"[{name}] {evaluate(run, against, games)} ({load()})", flush=True)
 
 
+def plot_curves(curves: dict[str, list[tuple[float, int, float]]], opponent: str, png: Path) -> None:
+    """Win rate against ``opponent`` over wall-clock minutes, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for label, points in curves.items():
+        ax.plot([m for m, _, _ in points], [w for _, _, w in points], marker=".", label=label)
+    ax.axhline(0.7, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("minutes of training")
+    ax.set_ylabel(f"win rate vs {opponent}")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    print(f"curves: {png}")
+
+
 def bench_moba(out: Path, minutes: float, games: int, seeds: list[int]) -> None:
+    curves = {}
     for seed in seeds:
         run = out / f"moba-s{seed}"
         print(f"[moba seed {seed}] training {minutes:g} min ({load()})", flush=True)
         started = train("configs/moba-1v1.toml", run, minutes, [f"run.seed={seed}"])
-        points = curve(run, started, "lane")
+        points = curves[f"seed {seed}"] = curve(run, started, "lane")
         first = next((m for m, _, w in points if w >= 0.7), None)
         print(f"[moba seed {seed}] curve vs lane (min, version, win rate): {points}")
         print(f"[moba seed {seed}] first ≥ 70% vs lane at {first} min; "
               f"final: {evaluate(run, 'bot:lane', games)} ({load()})", flush=True)
+    plot_curves(curves, "lane", out / "moba-1v1-self-play.png")
 
 
 def main() -> int:
