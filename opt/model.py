@@ -94,7 +94,9 @@ class Policy(nn.Module):
         nn.init.zeros_(self.value_head.bias)
 
     def initial_state(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.zeros(n, self.lstm_size), torch.zeros(n, self.lstm_size)
+        """Zero state for n agents, on the model's device."""
+        device = self.return_scale.device
+        return torch.zeros(n, self.lstm_size, device=device), torch.zeros(n, self.lstm_size, device=device)
 
     def _core(self, obs, state):
         h, c = self.lstm(self.encoder(self.obs_norm(obs)), state)

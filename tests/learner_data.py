@@ -9,6 +9,10 @@ from rapid.opt.model import Policy
 
 OBS, HEADS, LSTM = 6, (3, 4), 8
 
+# On CUDA, compare against the CPU worker in full float32 (cuDNN's default may use TF32 for the LSTM).
+torch.backends.cudnn.allow_tf32 = False
+torch.backends.cuda.matmul.allow_tf32 = False
+
 
 def make_policy(seed: int = 0, device: str = "cpu") -> Policy:
     """A clearly non-uniform policy: logits far from zero, as after some training."""

@@ -115,3 +115,47 @@ def test_observation_statistics_pooled_over_two_real_ranks():
     result = mpiexec(2, "learner_ranks.py", timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("OK"), result.stdout + result.stderr[-3000:]
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_update_on_device(device):
+    policy = make_policy(0, device)
+    batch = played_batch(make_policy(0), S=16, seed=7)  # played on CPU, as the workers do
+    learner = Learner(policy, LearnerSettings(lr=1e-3, microbatch=8), device)
+    before = {k: v.copy() for k, v in policy.tensors().items()}
+    stats = learner.update(batch)
+    assert stats["skipped"] == 0.0 and learner.updates == 1
+    assert stats["approx_kl"] == pytest.approx(0.0, abs=1e-5)
+    assert all(np.isfinite(v) for v in stats.values())
+    assert {t.device.type for t in [*policy.parameters(), *policy.buffers()]} == {device}
+    after = policy.tensors()
+    assert all(isinstance(v, np.ndarray) for v in after.values())
+    changed = {k for k in before if not np.array_equal(before[k], after[k])}
+    assert {"logits.weight", "obs_norm.mean", "obs_norm.count", "return_scale"} <= changed
+    # a non-finite batch is skipped on the device too, and changes nothing
+    bad = {**batch, "obs": np.full_like(batch["obs"], 3e38)}
+    assert learner.update(bad)["skipped"] == 1.0
+    assert all(np.array_equal(after[k], v) for k, v in policy.tensors().items())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_checkpoint_loads_onto_a_device_learner(device):
+    from rapid.formats.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
+
+    batch = played_batch(make_policy(0), S=8, seed=8)
+    first = Learner(make_policy(0, device), LearnerSettings(lr=1e-3), device)
+    first.update(batch)
+    data = encode_checkpoint(Checkpoint.from_torch(1, 1, first.policy.tensors(), first.adam.state_dict()))
+    ckpt = decode_checkpoint(data)
+    resumed = Learner(make_policy(1, device), LearnerSettings(lr=1e-3), device)
+    resumed.policy.load_tensors(ckpt.model)
+    resumed.adam.load_state_dict(ckpt.adam_state())
+    moments = [t for s in resumed.adam.state.values() for name, t in s.items() if name != "step"]
+    assert moments and {t.device.type for t in moments} == {device}
+    first.update(batch)
+    resumed.update(batch)  # the same next step as the learner that was never stopped
+    for k, v in first.policy.tensors().items():
+        np.testing.assert_allclose(resumed.policy.tensors()[k], v, rtol=1e-5, atol=1e-6)
