@@ -36,7 +36,16 @@ import boto3.s3.transfer
 import botocore.config
 import botocore.exceptions
 
-from rapid.infra.store import InvalidKey, KeyNotFound, Store, StoreError, validate_key, validate_prefix
+from rapid.infra.store import (
+    DEFAULT_MAX_BYTES,
+    InvalidKey,
+    KeyNotFound,
+    ObjectTooLarge,
+    Store,
+    StoreError,
+    validate_key,
+    validate_prefix,
+)
 
 MiB = 1024 * 1024
 
@@ -214,12 +223,17 @@ class S3Store(Store):
                 return False
         return True
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
         full = self._key(key)
         with self._call("get", key) as call:
             response = self._client.get_object(Bucket=self.bucket, Key=full)
             with response["Body"] as body:
-                data = body.read()
+                size = response.get("ContentLength")
+                if not isinstance(size, int) or size > max_bytes:
+                    raise ObjectTooLarge(f"s3 object {key!r} is {size} bytes, more than the {max_bytes} allowed")
+                data = body.read(max_bytes + 1)  # never more than the limit, whatever the header said
+            if len(data) > max_bytes:
+                raise ObjectTooLarge(f"s3 object {key!r} is more than the {max_bytes} bytes allowed")
             call.nbytes = len(data)
         return data
 

@@ -151,3 +151,143 @@ def test_scan_accepts_every_msgpack_type():
     codec.scan(payload, codec.Limits())
     out = codec.decode(codec.encode("x", 1, tree), "x", (1,))
     assert out["a"][:-2] == tree["a"][:-2] and out["n"].tolist() == [0, 1, 2]
+
+
+# --- the rollout worker's parameter poller -----------------------------------------------------------------
+
+class Failures(list):
+    def __call__(self, why: str) -> None:
+        self.append(why)
+
+
+def poller_on(tmp_path, **kw):
+    import logging
+
+    from rapid.infra.store import LocalStore
+    from rapid.param_store import ParameterStore
+    from rapid.roles.rollout import ParamPoller
+
+    store = LocalStore(tmp_path / "run")
+    params = ParameterStore(store)
+    failures = Failures()
+    poller = ParamPoller(params, kw.pop("interval_s", 0.05), logging.getLogger("test-poller"),
+                         on_failure=failures, **kw)
+    return store, params, poller, failures
+
+
+def tensors(x: float) -> dict:
+    return {"w": np.full((2, 2), x, np.float32)}
+
+
+def plant(store, version: int, data: bytes | None = None, fifo: bool = False) -> None:
+    import os
+
+    from rapid.store_map import PARAMS_LATEST, params_key, write_version_pointer
+
+    if fifo:
+        path = store.root / params_key(version)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(path)
+    else:
+        store.put(params_key(version), data)
+    write_version_pointer(store, PARAMS_LATEST, version)
+
+
+def wait_for(fn, timeout: float = 10.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = fn()
+        if out:
+            return out
+        time.sleep(0.02)
+    raise AssertionError("timed out")
+
+
+def test_poller_survives_bombs_fifos_and_garbage_and_takes_the_next_good_version(tmp_path):
+    store, params, poller, failures = poller_on(tmp_path)
+    params.publish(0, tensors(0))
+    poller.start()
+    try:
+        assert wait_for(poller.take)[0] == 0
+        plant(store, 1, wrapped("rapid.params", nested_empty(2000, 1000)))  # amplifying
+        wait_for(lambda: len(failures) >= 1)
+        plant(store, 2, fifo=True)                                         # would block a reader forever
+        wait_for(lambda: len(failures) >= 2)
+        plant(store, 3, b"\x00" * 100)                                     # garbage
+        wait_for(lambda: len(failures) >= 3)
+        assert poller.alive() and poller.take() is None and poller.behind_s() > 0
+        params.publish(4, tensors(4))
+        version, got = wait_for(poller.take)
+        assert version == 4 and got["w"][0, 0] == 4
+        wait_for(lambda: poller.behind_s() == 0)
+        assert len(failures) == 3  # each bad version was tried once, not at every poll
+    finally:
+        poller.stop()
+
+
+def test_poller_falls_back_to_the_newest_good_version_below_a_bad_latest(tmp_path):
+    store, params, poller, failures = poller_on(tmp_path)
+    params.publish(0, tensors(0))
+    poller.start()
+    try:
+        assert wait_for(poller.take)[0] == 0
+        from rapid.formats.params import ParamsObject, encode_params
+        from rapid.store_map import params_key
+
+        for v in (1, 2):  # published objects whose pointer move was never seen
+            store.put(params_key(v), encode_params(ParamsObject(v, tensors(v))))
+        plant(store, 3, b"not params")
+        assert wait_for(poller.take)[0] == 2
+        assert poller.behind_s() > 0 and len(failures) == 1  # the newest is still out of reach: visible
+    finally:
+        poller.stop()
+
+
+def test_poller_thread_outlives_any_exception_and_reports_it(tmp_path):
+    store, params, poller, failures = poller_on(tmp_path)
+    params.publish(0, tensors(0))
+    calls = []
+
+    def broken(version):
+        calls.append(version)
+        raise MemoryError("decoding took all the memory")
+
+    params.fetch = broken
+    poller.start()
+    try:
+        wait_for(lambda: len(failures) >= 3)
+        assert poller.alive() and poller.behind_s() > 0 and "MemoryError" in failures[0]
+    finally:
+        poller.stop()
+
+
+def test_poller_warns_while_it_stays_behind(tmp_path, caplog):
+    store, params, poller, failures = poller_on(tmp_path, warn_every_s=0.2)
+    plant(store, 5, b"bad")
+    with caplog.at_level("WARNING", logger="test-poller"):
+        poller.start()
+        try:
+            wait_for(lambda: any("no newer parameters" in r.message for r in caplog.records))
+        finally:
+            poller.stop()
+    assert poller.take() is None and len(failures) == 1
+
+
+def test_params_that_do_not_fit_the_model_are_rejected_and_the_worker_keeps_its_version(tmp_path):
+    from rapid.roles.rollout import _swap_params
+
+    class Worker:
+        version = 0
+
+        def set_params(self, version, tensors):
+            if "w" not in tensors:
+                raise ValueError("parameters do not match the model")
+            self.version = version
+
+    store, params, poller, failures = poller_on(tmp_path)
+    worker = Worker()
+    assert _swap_params(worker, poller, (7, {"x": np.zeros(1)}), 0) == 0 and worker.version == 0
+    assert _swap_params(worker, poller, (8, tensors(8)), 0) == 8
+    assert 7 in poller._bad and "does not fit" in failures[0]

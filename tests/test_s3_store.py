@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from rapid.infra.s3 import MiB, S3Store
-from rapid.infra.store import InvalidKey, KeyNotFound, StoreError, open_store
+from rapid.infra.store import InvalidKey, KeyNotFound, ObjectTooLarge, StoreError, open_store
 from tests.s3_server import free_port, s3_server, s3_store  # noqa: F401  (fixtures)
 
 
@@ -189,3 +189,12 @@ def test_bad_client_settings_are_store_errors(monkeypatch, tmp_path):
     for options in ({"profile": "no-such-profile"}, {"endpoint_url": "not a url"}):
         with pytest.raises(StoreError):
             S3Store("s3://bucket/run", **options)
+
+
+def test_get_reads_no_more_than_max_bytes(s3_store):
+    s3_store.put("experience/w0/1.rxp", b"x" * 1000)
+    assert s3_store.get("experience/w0/1.rxp", max_bytes=1000) == b"x" * 1000
+    with pytest.raises(ObjectTooLarge, match="1000 bytes"):
+        s3_store.get("experience/w0/1.rxp", max_bytes=999)  # refused on Content-Length, body not read
+    with pytest.raises(KeyNotFound):
+        s3_store.get("experience/w0/2.rxp", max_bytes=10)
