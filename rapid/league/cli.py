@@ -40,7 +40,7 @@ from rapid.league.state import (
     version_id,
 )
 from rapid.param_store import ParameterStore
-from rapid.store_map import params_key, snapshot_key
+from rapid.store_map import params_key, parse_version_text, snapshot_key
 
 EXPORT_FORMAT = "rapid.league_export"
 EXPORT_VERSION = 1
@@ -103,7 +103,8 @@ def _read(league: League) -> PoolState:
 
 def resolve(state: PoolState, name: str) -> str:
     """A member id from an id, a version number or a bot name; UsageError if there is none."""
-    for candidate in (name, version_id(int(name)) if name.isdigit() else None, f"bot:{name}"):
+    version = parse_version_text(name)
+    for candidate in (name, None if version is None else version_id(version), f"bot:{name}"):
         if candidate in state.members:
             return candidate
     raise UsageError(f"unknown league member {name!r} (see `rapid league ls --all`)")

@@ -51,7 +51,14 @@ from rapid.league.state import (
     version_id,
 )
 from rapid.param_store import ParameterStore
-from rapid.store_map import POOL_POINTER, POOL_REVISIONS_PREFIX, params_key, pool_revision_key, snapshot_key
+from rapid.store_map import (
+    POOL_POINTER,
+    POOL_REVISIONS_PREFIX,
+    params_key,
+    parse_pool_revision_key,
+    pool_revision_key,
+    snapshot_key,
+)
 
 # --- the store-backed pool --------------------------------------------------------------------------
 
@@ -133,12 +140,7 @@ class League:
         return state
 
     def _revisions(self) -> list[int]:
-        out = []
-        for key in self.store.list(POOL_REVISIONS_PREFIX):
-            name = key[len(POOL_REVISIONS_PREFIX):]
-            if name.endswith(".json") and name[:-5].isdigit():
-                out.append(int(name[:-5]))
-        return sorted(out)
+        return sorted(r for r in map(parse_pool_revision_key, self.store.list(POOL_REVISIONS_PREFIX)) if r is not None)
 
     def _collect(self, head: int) -> None:
         for rev in self._revisions():
