@@ -15,8 +15,8 @@ from rapid.errors import UsageError
 from rapid.infra.store import LocalStore
 from rapid.league import cli
 from rapid.league.pool import League
-from rapid.league.sampling import OpponentSampler, SamplingConfig
 from rapid.league.results import MatchResult, ResultFolder, ResultWriter
+from rapid.league.sampling import OpponentSampler, SamplingConfig
 from rapid.league.state import Member, PoolState, version_id
 from rapid.matches import resolve_version
 from rapid.param_store import ParameterStore
