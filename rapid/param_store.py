@@ -13,9 +13,16 @@ from __future__ import annotations
 import numpy as np
 
 from rapid.errors import FormatError
-from rapid.formats.params import ParamsObject, decode_params, encode_params
+from rapid.formats.params import LIMITS, ParamsObject, decode_params, encode_params
 from rapid.infra.store import KeyNotFound, Store
-from rapid.store_map import PARAMS_LATEST, PARAMS_PREFIX, params_key, read_version_pointer, write_version_pointer
+from rapid.store_map import (
+    PARAMS_LATEST,
+    PARAMS_PREFIX,
+    params_key,
+    parse_params_key,
+    read_version_pointer,
+    write_version_pointer,
+)
 
 
 class ParameterStore:
@@ -47,15 +54,11 @@ class ParameterStore:
         return read_version_pointer(self.store, PARAMS_LATEST)
 
     def fetch(self, version: int) -> ParamsObject:
-        obj = decode_params(self.store.get(params_key(version)))
+        obj = decode_params(self.store.get(params_key(version), max_bytes=LIMITS.max_bytes))
         if obj.version != version:
             raise FormatError(f"{params_key(version)} holds version {obj.version}")
         return obj
 
     def versions(self) -> list[int]:
-        out = []
-        for key in self.store.list(PARAMS_PREFIX):
-            name = key.rsplit("/", 1)[-1]
-            if name.endswith(".rpm") and name[:-4].isdigit():
-                out.append(int(name[:-4]))
-        return out
+        """Every published version, ascending; keys of any other shape under ``params/`` are ignored."""
+        return sorted(v for v in map(parse_params_key, self.store.list(PARAMS_PREFIX)) if v is not None)
