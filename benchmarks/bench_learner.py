@@ -57,19 +57,21 @@ def make_batch(spec, cfg, samples: int, game_steps: int, rng: np.random.Generato
             "c0": rng.normal(size=(S, L)).astype(np.float32) * 0.1}
 
 
-def timed(step, device: torch.device, repeat: int) -> float:
+def timed(step, device: torch.device, repeat: int) -> tuple[float, float]:
+    """Seconds per call: wall clock, and this process's CPU time (steadier on a shared machine)."""
     step()  # warm-up: allocator, cuDNN plans
     if device.type == "cuda":
         torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(repeat):
         step()
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / repeat
+    return (time.perf_counter() - t0) / repeat, (time.process_time() - c0) / repeat
 
 
-def bench(name: str, device: torch.device, samples: int, repeat: int, game_steps: int) -> tuple[float, float]:
+def bench(name: str, device: torch.device, samples: int, repeat: int, game_steps: int
+          ) -> tuple[tuple[float, float], tuple[float, float]]:
     cfg = load_config("configs/moba-5v5.toml", overrides=MODELS[name])
     spec = env_spec(cfg)
     batch = make_batch(spec, cfg, samples, game_steps, np.random.default_rng(0))
@@ -87,7 +89,7 @@ def bench(name: str, device: torch.device, samples: int, repeat: int, game_steps
         adam.step()
 
     t_ref = timed(ref_step, device, repeat)
-    return samples / t_learner, samples / t_ref
+    return t_learner, t_ref
 
 
 def main() -> None:
@@ -106,10 +108,13 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     print(f"device={device} samples={args.samples} bptt=16 repeat={args.repeat} threads={torch.get_num_threads()}")
-    print(f"{'model':<10} {'learner samples/s':>18} {'reference samples/s':>20} {'ratio':>6}")
+    print(f"{'model':<10} {'learner samples/s':>18} {'reference samples/s':>20} {'ratio':>6}   "
+          f"{'per CPU-second: learner':>24} {'reference':>10} {'ratio':>6}")
     for name in args.models:
-        ours, ref = bench(name, device, args.samples, args.repeat, args.game_steps)
-        print(f"{name:<10} {ours:>18,.0f} {ref:>20,.0f} {ours / ref:>6.2f}", flush=True)
+        (wall, cpu), (ref_wall, ref_cpu) = bench(name, device, args.samples, args.repeat, args.game_steps)
+        n = args.samples
+        print(f"{name:<10} {n / wall:>18,.0f} {n / ref_wall:>20,.0f} {ref_wall / wall:>6.2f}   "
+              f"{n / cpu:>24,.0f} {n / ref_cpu:>10,.0f} {ref_cpu / cpu:>6.2f}", flush=True)
 
 
 if __name__ == "__main__":
