@@ -21,7 +21,6 @@ from torch import nn
 
 from rapid.config import load_config
 from rapid.opt.learner import Learner
-from rapid.roles.optimizer import learner_settings
 from rapid.roles.startup import build_policy, env_spec
 
 MODELS = {"moba-5v5": [], "lstm-1024": ["model.hidden=1024", "model.lstm=1024"]}
@@ -70,12 +69,12 @@ def timed(step, device: torch.device, repeat: int) -> tuple[float, float]:
     return (time.perf_counter() - t0) / repeat, (time.process_time() - c0) / repeat
 
 
-def bench(name: str, device: torch.device, samples: int, repeat: int, game_steps: int
+def bench(name: str, device: torch.device, samples: int, repeat: int, game_steps: int, bf16: bool
           ) -> tuple[tuple[float, float], tuple[float, float]]:
     cfg = load_config("configs/moba-5v5.toml", overrides=MODELS[name])
     spec = env_spec(cfg)
     batch = make_batch(spec, cfg, samples, game_steps, np.random.default_rng(0))
-    learner = Learner(build_policy(cfg, spec), learner_settings(cfg), device)
+    learner = Learner(build_policy(cfg, spec), cfg.ppo, device, bf16=bf16)
     t_learner = timed(lambda: learner.update(batch), device, repeat)
 
     m = cfg.model
@@ -100,6 +99,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
     parser.add_argument("--game-steps", type=int, default=1200, help="mean game length: sets how many samples "
                         "hold a game start inside (moba 5v5: 1,200 steps)")
+    parser.add_argument("--bf16", action="store_true", help="the learner under bfloat16 autocast (CUDA only)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -107,11 +107,13 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    print(f"device={device} samples={args.samples} bptt=16 repeat={args.repeat} threads={torch.get_num_threads()}")
+    print(f"device={device} samples={args.samples} bptt=16 repeat={args.repeat} bf16={args.bf16} "
+          f"threads={torch.get_num_threads()}")
     print(f"{'model':<10} {'learner samples/s':>18} {'reference samples/s':>20} {'ratio':>6}   "
           f"{'per CPU-second: learner':>24} {'reference':>10} {'ratio':>6}")
     for name in args.models:
-        (wall, cpu), (ref_wall, ref_cpu) = bench(name, device, args.samples, args.repeat, args.game_steps)
+        (wall, cpu), (ref_wall, ref_cpu) = bench(name, device, args.samples, args.repeat, args.game_steps,
+                                                    args.bf16)
         n = args.samples
         print(f"{name:<10} {n / wall:>18,.0f} {n / ref_wall:>20,.0f} {ref_wall / wall:>6.2f}   "
               f"{n / cpu:>24,.0f} {n / ref_cpu:>10,.0f} {ref_cpu / cpu:>6.2f}", flush=True)
