@@ -5,6 +5,7 @@ Usage::
     learner = Learner(policy, cfg.ppo, device, microbatch_samples=0, all_reduce=ctx.all_reduce_gradients,
                       all_reduce_scalars=ctx.all_reduce_scalars, world_size=ctx.size)
     stats = learner.update(batch)        # batch: dict of [S, T, ...] arrays (see rapid.formats.experience)
+    staged = learner.stage(next_batch)   # optional: on the device ahead of time; update(staged) as above
     if stats["skipped"]: ...             # non-finite loss, gradients or statistics: nothing was applied
 
 With several ranks every rank calls ``update`` in lock step; ``all_reduce`` averages the gradients and
@@ -59,13 +60,17 @@ class Learner:
         s = self.ppo
         return losses.linear_schedule(s.entropy_coef, s.entropy_final, s.entropy_anneal_updates, self.updates)
 
-    def _stage(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        """The batch on the learner's device, copied once (from pinned memory, asynchronously, on CUDA)."""
-        pin = self.device.type == "cuda"
+    def stage(self, batch: dict[str, np.ndarray | torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The batch on the learner's device, copied once (from pinned memory, asynchronously, on CUDA).
+        ``update`` takes the result as it takes numpy arrays, so a loop can stage the next batch while the
+        current one trains."""
         out = {}
         for key in STAGED:
             t = torch.as_tensor(batch[key])
-            out[key] = (t.pin_memory() if pin else t).to(self.device, non_blocking=pin)
+            if t.device != self.device:
+                pin = self.device.type == "cuda" and not t.is_pinned()
+                t = (t.pin_memory() if pin else t).to(self.device, non_blocking=self.device.type == "cuda")
+            out[key] = t
         return out
 
     def _pool(self, local: torch.Tensor) -> torch.Tensor:
@@ -82,10 +87,10 @@ class Learner:
             return finite
         return self.all_reduce_scalars({"nonfinite": float(not finite)})["nonfinite"] == 0.0
 
-    def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+    def update(self, batch: dict[str, np.ndarray | torch.Tensor]) -> dict[str, float]:
         s = self.ppo
         t0 = time.perf_counter()
-        b = self._stage(batch)
+        b = self.stage(batch)
         policy, norm = self.policy, self.policy.obs_norm
         active = b["active"].float()
         ones = torch.ones(b["obs"].shape[:-1], device=self.device)
@@ -103,8 +108,9 @@ class Learner:
         ent_coef = self.entropy_coef()
         S = b["obs"].shape[0]
         chunk = self.microbatch_samples or S
-        # Where games start inside samples, read from the host's copy: the device never waits for it.
-        runs = [ResetFreeRuns.of(batch["first"][start:start + chunk]).to(self.device) for start in range(0, S, chunk)]
+        # Where games start inside samples, read from the host's copy (if any): the device need not wait for it.
+        first = batch["first"] if isinstance(batch["first"], np.ndarray) else b["first"].cpu().numpy()
+        runs = [ResetFreeRuns.of(first[start:start + chunk]).to(self.device) for start in range(0, S, chunk)]
         autocast = torch.autocast("cuda", torch.bfloat16, enabled=self.bf16 and self.device.type == "cuda")
         self.adam.zero_grad(set_to_none=True)
         diag = torch.zeros(len(DIAGNOSTICS), device=self.device)

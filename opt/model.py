@@ -1,4 +1,4 @@
-"""The LSTM policy shared by all agents of a side (SPEC §8).
+"""The LSTM policy shared by all agents of a side.
 
 Observation normalization and the return scale are buffers of the model, so they travel with every
 published parameter version; only the learner updates them.

@@ -160,3 +160,17 @@ def test_checkpoint_loads_onto_a_device_learner(device):
     resumed.update(batch)  # the same next step as the learner that was never stopped
     for k, v in first.policy.tensors().items():
         np.testing.assert_allclose(resumed.policy.tensors()[k], v, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_batch_staged_ahead_trains_as_the_arrays_do(device):
+    batch = played_batch(make_policy(0), S=12, seed=9)
+    a = Learner(make_policy(0, device), PPOConfig(lr=1e-3), device, microbatch_samples=4)
+    b = Learner(make_policy(0, device), PPOConfig(lr=1e-3), device, microbatch_samples=4)
+    staged = b.stage(batch)
+    assert {t.device.type for t in staged.values()} == {device}
+    sa, sb = a.update(batch), b.update(staged)
+    for key in ("policy_loss", "value_loss", "entropy", "approx_kl", "grad_norm", "explained_variance"):
+        assert sb[key] == pytest.approx(sa[key], rel=1e-6, abs=1e-9), key
+    for k, v in a.policy.tensors().items():
+        np.testing.assert_allclose(b.policy.tensors()[k], v, rtol=1e-6, atol=1e-7)
