@@ -15,7 +15,6 @@ True
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -27,6 +26,9 @@ import tomllib
 
 from rapid.config_schema import convert, env_options
 from rapid.errors import UsageError
+from rapid.opt.config import PPOConfig
+from rapid.opt.config import check_positive as _positive
+from rapid.opt.config import check_unit as _unit
 
 
 @dataclass
@@ -66,42 +68,6 @@ class ModelConfig:
     """Fully connected layers before the LSTM."""
     lstm: int = 128
     """LSTM hidden size (per agent)."""
-
-
-@dataclass
-class PPOConfig:
-    lr: float = 3e-4
-    """Adam learning rate."""
-    clip: float = 0.2
-    """PPO ratio clip."""
-    gae_lambda: float = 0.95
-    """GAE λ: 0 is one-step TD, 1 is the Monte-Carlo return."""
-    horizon_s: float = 100.0
-    """Reward horizon in game seconds; gamma = 1 - seconds_per_step / horizon_s."""
-    value_coef: float = 0.5
-    """Weight of the value loss in the total loss."""
-    entropy_coef: float = 0.01
-    """Entropy bonus at the start of training."""
-    entropy_final: float = -1.0
-    """Entropy bonus at entropy_anneal_updates, linearly (negative: same as entropy_coef)."""
-    entropy_anneal_updates: int = 0
-    """Updates over which the entropy bonus goes from entropy_coef to entropy_final (0: constant)."""
-    max_grad_norm: float = 5.0
-    """Gradients are clipped to this global norm."""
-    adam_beta1: float = 0.9
-    """Adam's first-moment decay."""
-    adam_beta2: float = 0.999
-    """Adam's second-moment decay."""
-    adam_eps: float = 1e-5
-    """Adam's denominator epsilon."""
-    team_spirit: float = 0.3
-    """0: each agent's own reward; 1: its team's mean reward."""
-    zero_sum: bool = True
-    """Subtract the enemy team's mean reward, so one side's gain is the other's loss."""
-    obs_clip: float = 5.0
-    """Normalized observations are clipped to ±obs_clip."""
-    normalize_returns: bool = True
-    """Value targets divided by the running std of returns."""
 
 
 @dataclass
@@ -329,16 +295,6 @@ def to_toml(cfg: Config) -> str:
     return tomli_w.dumps(to_dict(cfg))
 
 
-def _positive(errors, where, value, allow_zero=False):
-    if not (value > 0 or (allow_zero and value == 0)) or (isinstance(value, float) and math.isnan(value)):
-        errors.append(f"{where} must be {'≥ 0' if allow_zero else '> 0'} (got {value})")
-
-
-def _unit(errors, where, value):
-    if not 0.0 <= value <= 1.0:
-        errors.append(f"{where} must be within [0, 1] (got {value})")
-
-
 def validate(cfg: Config) -> list[str]:
     """Every value error in ``cfg``; an empty list means the config is usable."""
     e: list[str] = []
@@ -353,22 +309,7 @@ def validate(cfg: Config) -> list[str]:
     _positive(e, "env.num_games", cfg.env.num_games)
     for key in ("hidden", "encoder_layers", "lstm"):
         _positive(e, f"model.{key}", getattr(cfg.model, key))
-    p = cfg.ppo
-    _positive(e, "ppo.lr", p.lr)
-    _positive(e, "ppo.clip", p.clip)
-    _unit(e, "ppo.gae_lambda", p.gae_lambda)
-    _positive(e, "ppo.horizon_s", p.horizon_s)
-    _positive(e, "ppo.value_coef", p.value_coef, allow_zero=True)
-    _positive(e, "ppo.entropy_coef", p.entropy_coef, allow_zero=True)
-    _positive(e, "ppo.entropy_anneal_updates", p.entropy_anneal_updates, allow_zero=True)
-    _positive(e, "ppo.max_grad_norm", p.max_grad_norm)
-    for key in ("adam_beta1", "adam_beta2"):
-        value = getattr(p, key)
-        if not 0.0 <= value < 1.0:
-            e.append(f"ppo.{key} must be within [0, 1) (got {value})")
-    _positive(e, "ppo.adam_eps", p.adam_eps)
-    _unit(e, "ppo.team_spirit", p.team_spirit)
-    _positive(e, "ppo.obs_clip", p.obs_clip)
+    e += cfg.ppo.errors()
     r = cfg.rollout
     _positive(e, "rollout.bptt", r.bptt)
     _positive(e, "rollout.samples_per_segment", r.samples_per_segment)

@@ -31,7 +31,8 @@ from rapid.infra.s3 import S3Store
 from rapid.infra.store import InvalidKey, LocalStore, open_store
 from rapid.league import League
 from rapid.monitoring.logs import read_jsonl
-from rapid.opt.learner import Learner, LearnerSettings
+from rapid.opt.config import PPOConfig
+from rapid.opt.learner import Learner
 from rapid.opt.model import Policy
 from rapid.param_store import ParameterStore
 from rapid.roles.startup import env_spec
@@ -486,7 +487,7 @@ def test_learner_skips_nonfinite_batches_and_changes_nothing():
     torch.manual_seed(0)
     shape = experience.Shape(bptt=4, obs_dim=5, mask_dim=7, heads=1, lstm=8)
     policy = Policy(5, [7], hidden=16, encoder_layers=1, lstm=8, obs_clip=5.0)
-    learner = Learner(policy, LearnerSettings())
+    learner = Learner(policy, PPOConfig())
     rng = np.random.default_rng(0)
 
     def batch(**edit):

@@ -24,7 +24,7 @@ from rapid.league import League, PoolConflict, ResultFolder, ensure_bots
 from rapid.loader import ExperienceLoader
 from rapid.monitoring.metrics import OptimizerMetrics
 from rapid.opt.buffer import ExperienceBuffer
-from rapid.opt.learner import Learner, LearnerSettings
+from rapid.opt.learner import Learner
 from rapid.param_store import ParameterStore
 from rapid.roles.startup import JsonlLog, StopFlag, build_policy, env_spec, open_run_store, setup_logging, start_metrics
 
@@ -37,14 +37,6 @@ class RankInfo:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
-
-
-def learner_settings(cfg: Config) -> LearnerSettings:
-    p = cfg.ppo
-    return LearnerSettings(lr=p.lr, clip=p.clip, value_coef=p.value_coef, entropy_coef=p.entropy_coef,
-                           entropy_final=p.entropy_final, entropy_anneal_updates=p.entropy_anneal_updates,
-                           max_grad_norm=p.max_grad_norm, betas=(p.adam_beta1, p.adam_beta2), eps=p.adam_eps,
-                           microbatch=cfg.optimizer.microbatch_samples, normalize_returns=p.normalize_returns)
 
 
 def pick_device(cfg: Config, local_rank: int) -> torch.device:
@@ -99,7 +91,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo()
     spec = env_spec(cfg)
     policy = build_policy(cfg, spec)
     device = pick_device(cfg, rank.local_rank)
-    learner = Learner(policy, learner_settings(cfg), device,
+    learner = Learner(policy, cfg.ppo, device, microbatch_samples=cfg.optimizer.microbatch_samples,
                       all_reduce=ctx.all_reduce_gradients if ctx else None,
                       all_reduce_scalars=ctx.all_reduce_scalars if ctx else None, world_size=rank.world)
 
