@@ -10,6 +10,7 @@ every rank runs it in lock step; only rank 0 publishes, checkpoints and logs.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -170,7 +171,8 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo()
         while True:
             # 1. sample: a batch of fresh experience (waits for the loader; stops on request or limits)
             t_wait = time.perf_counter()
-            batch = _wait_for_batch(buffer, balancer.batch, pos.version, rng, settings.target_reuse, stop, loader)
+            batch = _wait_for_batch(buffer, balancer.batch, pos.version, rng, settings.target_reuse, stop, loader,
+                                    started + 60 * cfg.run.minutes if cfg.run.minutes else math.inf)
             if loader.failure and not stop:
                 log.error("%s; stopping the optimizer", loader.failure)
                 stop.set("loader thread died")
@@ -243,9 +245,9 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo()
 
 
 def _wait_for_batch(buffer: ExperienceBuffer, size: int, version: int, rng, max_reuse: float, stop: StopFlag,
-                    loader: ExperienceLoader):
-    """A batch, or None once asked to stop or the loader is gone."""
-    while not stop and loader.failure is None:
+                    loader: ExperienceLoader, deadline: float):
+    """A batch, or None once asked to stop, past the run's time limit, or the loader is gone."""
+    while not stop and loader.failure is None and time.time() < deadline:
         batch = buffer.sample(size, version, rng, max_reuse, timeout=0.5)
         if batch is not None:
             return batch
