@@ -3,7 +3,8 @@
     python benchmarks/bench_scale.py --config configs/default.toml --workers 1 --minutes 5 [--device cuda]
                                      [--set optimizer.target_reuse=1.0 ...] [--run-dir DIR]
 
-Starts ``rapid train`` (the launcher: N rollout workers + the optimizer, no evaluator) and reads the run's
+Starts ``rapid train`` (the launcher: N rollout workers + the optimizer; the evaluator only with
+``--with-eval``), prints the run's own summary, and reads the run's
 optimizer log when it ends. Prints agent-steps/s received, samples/s received and consumed, the share of
 received samples used at least once and dropped stale, staleness p50/p99, reuse against its target, the
 balancer's choices, the update-time breakdown, GPU utilization when CUDA is present, and the machine's
@@ -86,9 +87,11 @@ def main() -> int:
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--run-dir", default="")
+    ap.add_argument("--with-eval", action="store_true", help="keep the config's evaluator (as `rapid train` runs)")
     args = ap.parse_args()
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="bench-scale-"))
-    sets = [f"run.minutes={args.minutes}", "eval.interval_s=0", f"optimizer.device={args.device}", *args.set]
+    sets = [f"run.minutes={args.minutes}", f"optimizer.device={args.device}",
+            *([] if args.with_eval else ["eval.interval_s=0"]), *args.set]
     if args.workers is not None:
         sets.append(f"run.num_workers={args.workers}")
     cmd = [RAPID, "train", "--config", args.config, "--run-dir", str(run_dir), "--no-progress"]
@@ -109,6 +112,7 @@ def main() -> int:
     if not ops:
         print("no optimizer records; the run's output:\n" + proc.stdout[-3000:])
         return 1
+    print(proc.stdout[proc.stdout.find("rapid train finished"):].rstrip())
     print("\n".join(summarize(ops, gpu)))
     print(f"run directory: {run_dir}")
     return 0
