@@ -99,9 +99,21 @@ class OptimizerConfig:
     max_staleness: int = 8
     """Samples more than this many versions behind are dropped."""
     max_reuse: float = 2.0
-    """Wait for new experience rather than consume samples more than this many times on average."""
+    """Without balancing: wait for new experience rather than draw a sample more than ceil(max_reuse)
+    times or consume more than max_reuse × the samples received (less those wasted before any use)."""
+    target_reuse: float = 1.0
+    """With balancing: the reuse held (samples consumed per sample received; OpenAI Five: about 1)."""
+    balance: bool = True
+    """Adapt the batch size (batch_samples … max_batch_samples) so reuse stays at target_reuse, publish
+    about once per publish_interval_s, and log when rollouts outrun the optimizer (false: fixed
+    batch_samples, publish_every and max_reuse)."""
+    max_batch_samples: int = 0
+    """Largest batch the balancer may grow to (0: 4 × batch_samples, at most buffer_samples / 2)."""
+    publish_interval_s: float = 0.0
+    """With balancing: seconds between published versions (0: rollout.upload_interval_s, so a staleness of
+    one version means one upload behind)."""
     publish_every: int = 1
-    """Publish a parameter version every this many updates."""
+    """Without balancing: publish a parameter version every this many updates."""
     checkpoint_every: int = 50
     """Checkpoint every this many updates (and at the end)."""
     keep_checkpoints: int = 3
@@ -112,6 +124,9 @@ class OptimizerConfig:
     """'auto' (CUDA local rank when present), 'cpu' or 'cuda'."""
     torch_threads: int = 1
     """Torch CPU threads of an optimizer rank."""
+    decode_workers: int = -1
+    """Processes that decode and validate experience objects (-1: one per eight cores, 1 to 8; 0: in the
+    loader thread, deterministic, for tests)."""
 
 
 @dataclass
@@ -328,6 +343,16 @@ def validate(cfg: Config) -> list[str]:
     _positive(e, "optimizer.max_staleness", o.max_staleness, allow_zero=True)
     _positive(e, "optimizer.max_reuse", o.max_reuse)
     _positive(e, "optimizer.publish_every", o.publish_every)
+    _positive(e, "optimizer.target_reuse", o.target_reuse)
+    if o.target_reuse > o.max_reuse:
+        e.append(f"optimizer.target_reuse ({o.target_reuse}) must be ≤ max_reuse ({o.max_reuse})")
+    _positive(e, "optimizer.max_batch_samples", o.max_batch_samples, allow_zero=True)
+    if o.max_batch_samples and not o.batch_samples <= o.max_batch_samples <= o.buffer_samples:
+        e.append(f"optimizer.max_batch_samples ({o.max_batch_samples}) must be within batch_samples … "
+                 f"buffer_samples ({o.batch_samples} … {o.buffer_samples})")
+    _positive(e, "optimizer.publish_interval_s", o.publish_interval_s, allow_zero=True)
+    if o.decode_workers < -1:
+        e.append(f"optimizer.decode_workers must be -1 (auto), 0 or more (got {o.decode_workers})")
     _positive(e, "optimizer.checkpoint_every", o.checkpoint_every)
     _positive(e, "optimizer.keep_checkpoints", o.keep_checkpoints)
     _positive(e, "optimizer.poll_s", o.poll_s)
