@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--against", default="random", help="a bot name (random, lane…) or a version (default random)")
     p.add_argument("--games", type=int, default=200, help="games to play (default 200)")
     p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--greedy", action="store_true", help="policies play their most likely action (default: sample)")
 
     for role, text in (("optimizer", "an optimizer rank (run under mpiexec for several ranks)"),
                        ("rollout", "a rollout worker (one per process or MPI rank)"),
@@ -157,8 +158,8 @@ def cmd_eval(args) -> int:
     cfg = run_dir_config(args.run_dir)
     params = ParameterStore(open_run_store(cfg))
     env = make_env(cfg.env.name, num_games=batch_size(args.games), seed=args.seed, options=cfg.env.options)
-    a = make_player(args.version, cfg, env, params, seed=args.seed)
-    b = make_player(args.against, cfg, env, params, seed=args.seed + 1)
+    a = make_player(args.version, cfg, env, params, seed=args.seed, greedy=args.greedy)
+    b = make_player(args.against, cfg, env, params, seed=args.seed + 1, greedy=args.greedy)
     result = play_match(env, a, b, args.games, seed=args.seed)
     print(result.line(a.name, b.name))
     return 0
