@@ -13,7 +13,6 @@ Every slot of the vector env plays the same number of games, so short games are 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,6 +26,7 @@ from rapid.infra.store import KeyNotFound
 from rapid.opt.model import Policy
 from rapid.param_store import ParameterStore
 from rapid.roles.startup import build_policy
+from rapid.store_map import parse_version_text
 
 
 class Player(Protocol):
@@ -142,10 +142,10 @@ def resolve_version(params: ParameterStore, text: str) -> int:
         if version is None:
             raise UsageError("no parameter version has been published yet")
         return version
-    match = re.fullmatch(r"v?(\d+)", text)
-    if not match:
+    version = parse_version_text(text)
+    if version is None:
         raise UsageError(f"{text!r} is not a version (use latest, 12 or v12) or a bot name")
-    return int(match.group(1))
+    return version
 
 
 def make_player(text: str, cfg: Config, env: VecMultiAgentEnv, params: ParameterStore, seed: int = 0) -> Player:

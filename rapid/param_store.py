@@ -15,7 +15,14 @@ import numpy as np
 from rapid.errors import FormatError
 from rapid.formats.params import LIMITS, ParamsObject, decode_params, encode_params
 from rapid.infra.store import KeyNotFound, Store
-from rapid.store_map import PARAMS_LATEST, PARAMS_PREFIX, params_key, read_version_pointer, write_version_pointer
+from rapid.store_map import (
+    PARAMS_LATEST,
+    PARAMS_PREFIX,
+    params_key,
+    parse_params_key,
+    read_version_pointer,
+    write_version_pointer,
+)
 
 
 class ParameterStore:
@@ -53,9 +60,5 @@ class ParameterStore:
         return obj
 
     def versions(self) -> list[int]:
-        out = []
-        for key in self.store.list(PARAMS_PREFIX):
-            name = key.rsplit("/", 1)[-1]
-            if name.endswith(".rpm") and name[:-4].isdigit():
-                out.append(int(name[:-4]))
-        return out
+        """Every published version, ascending; keys of any other shape under ``params/`` are ignored."""
+        return sorted(v for v in map(parse_params_key, self.store.list(PARAMS_PREFIX)) if v is not None)

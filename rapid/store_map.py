@@ -21,9 +21,16 @@ Usage::
     'params/000000000007.rpm'
     >>> experience_key("w0", "a1b2", 3)
     'experience/w0/a1b2-00000003.rxp'
+    >>> parse_params_key("params/000000000007.rpm"), parse_params_key("params/\u00b2\u00b3.rpm")
+    (7, None)
+
+Every name that carries a number is parsed here with ASCII-only patterns: ``str.isdigit`` and ``\\d`` accept
+Unicode digits (``²``, ``٣``), which ``int`` then rejects or, worse, reads as a different version.
 """
 
 from __future__ import annotations
+
+import re
 
 from rapid.errors import FormatError
 from rapid.infra.store import KeyNotFound, Store, validate_key
@@ -63,6 +70,39 @@ def results_key(worker: str, seq: int) -> str:
     return validate_key(f"{RESULTS_PREFIX}{worker}/{seq:012d}.rmr")
 
 
+_NUMBER = "([0-9]{1,18})"  # ASCII digits only; 18 keep the value well inside int64
+_PARAMS_KEY = re.compile(re.escape(PARAMS_PREFIX) + _NUMBER + r"\.rpm", re.ASCII)
+_CHECKPOINT_KEY = re.compile(re.escape(CHECKPOINTS_PREFIX) + _NUMBER + r"\.rck", re.ASCII)
+_POOL_REVISION_KEY = re.compile(re.escape(POOL_REVISIONS_PREFIX) + _NUMBER + r"\.json", re.ASCII)
+_VERSION_TEXT = re.compile(r"v?" + _NUMBER, re.ASCII)
+_POINTER = re.compile(_NUMBER, re.ASCII)
+
+
+def _parse(pattern: re.Pattern, text: str) -> int | None:
+    match = pattern.fullmatch(text) if isinstance(text, str) else None
+    return int(match.group(1)) if match else None
+
+
+def parse_params_key(key: str) -> int | None:
+    """The version of a ``params/<version>.rpm`` key; None for any other key."""
+    return _parse(_PARAMS_KEY, key)
+
+
+def parse_checkpoint_key(key: str) -> int | None:
+    """The version of a ``checkpoints/<version>.rck`` key; None for any other key."""
+    return _parse(_CHECKPOINT_KEY, key)
+
+
+def parse_pool_revision_key(key: str) -> int | None:
+    """The revision of a ``league/pool/<revision>.json`` key; None for any other key."""
+    return _parse(_POOL_REVISION_KEY, key)
+
+
+def parse_version_text(text: str) -> int | None:
+    """A version a person typed: ``12`` or ``v12`` in ASCII digits; None for anything else (``²``, ``٣``)."""
+    return _parse(_VERSION_TEXT, text)
+
+
 def write_version_pointer(store: Store, key: str, version: int) -> None:
     """A ``LATEST``-style pointer: the version number as ASCII text."""
     store.put(key, str(int(version)).encode("ascii"))
@@ -75,6 +115,9 @@ def read_version_pointer(store: Store, key: str) -> int | None:
     except KeyNotFound:
         return None
     try:
-        return int(raw.decode("ascii").strip())
-    except (UnicodeDecodeError, ValueError) as e:
-        raise FormatError(f"{key} is not a version number") from e
+        version = _parse(_POINTER, raw.decode("ascii").strip())
+    except UnicodeDecodeError:
+        version = None
+    if version is None:
+        raise FormatError(f"{key} is not a version number")
+    return version

@@ -25,7 +25,15 @@ from rapid.league.sampling import (
     pfsp_weight,
     quality_probabilities,
 )
-from rapid.league.state import Member, PoolFormatError, PoolMissing, PoolState, ensure_bots, version_id
+from rapid.league.state import (
+    Member,
+    PoolFormatError,
+    PoolMissing,
+    PoolState,
+    ensure_bots,
+    foreign_id,
+    version_id,
+)
 from rapid.param_store import ParameterStore
 from rapid.store_map import POOL_POINTER, params_key, pool_revision_key, snapshot_key
 from tests.s3_server import s3_server, s3_store  # noqa: F401  (fixtures)
@@ -367,8 +375,11 @@ def test_cli_commands(store, tmp_path, capsys):
     other = LocalStore(tmp_path / "other")
     assert cli.run(parse("import", str(export)), other) == 0
     imported = League(other).read()
-    assert set(imported.members) == set(state.members)
-    assert imported.ratings[version_id(4)] == League(store).read().ratings[version_id(4)]
+    # v… ids name the importing run's own learner versions: another run's are renamed, with their ratings.
+    v4 = foreign_id(version_id(4), store.get(snapshot_key(version_id(4))))
+    assert set(imported.members) == {"bot:random", "other4", v4,
+                                     foreign_id(version_id(3), store.get(snapshot_key(version_id(3))))}
+    assert imported.ratings[v4] == League(store).read().ratings[version_id(4)]
     assert League(other).load_snapshot("other4").tensors["w"].tolist() == [1, 1, 1]
     assert cli.run(parse("import", str(export)), other) == 0  # idempotent: all skipped
     assert "skipped 4" in capsys.readouterr().out

@@ -16,31 +16,38 @@ before the commit that references them), so a command that fails half-way loses 
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from rapid.errors import FormatError, UsageError
 from rapid.formats import codec
+from rapid.formats.params import LIMITS as PARAMS_LIMITS
 from rapid.formats.params import decode_params
 from rapid.infra.store import KeyNotFound, Store
 from rapid.league.pool import League
 from rapid.league.ratings import rate_games, rating_of
 from rapid.league.state import (
     VERSION_ID,
+    Member,
     PoolFormatError,
     PoolMissing,
     PoolState,
+    SnapshotConflict,
     add_member,
     check_member_id,
     dump_pool,
     ensure_bots,
+    foreign_id,
     load_pool,
     set_flag,
     version_id,
 )
 from rapid.param_store import ParameterStore
-from rapid.store_map import params_key, snapshot_key
+from rapid.store_map import params_key, parse_version_text, snapshot_key
 
 EXPORT_FORMAT = "rapid.league_export"
 EXPORT_VERSION = 1
@@ -103,7 +110,8 @@ def _read(league: League) -> PoolState:
 
 def resolve(state: PoolState, name: str) -> str:
     """A member id from an id, a version number or a bot name; UsageError if there is none."""
-    for candidate in (name, version_id(int(name)) if name.isdigit() else None, f"bot:{name}"):
+    version = parse_version_text(name)
+    for candidate in (name, None if version is None else version_id(version), f"bot:{name}"):
         if candidate in state.members:
             return candidate
     raise UsageError(f"unknown league member {name!r} (see `rapid league ls --all`)")
@@ -150,24 +158,25 @@ def _add(args, league: League) -> int:
             raise UsageError(f"params version {args.version} is not in {league.store.describe()}") from None
         source = f"params version {args.version}"
     else:
-        try:
-            blob = args.file.read_bytes()
-        except OSError as e:
-            raise UsageError(f"cannot read {args.file}: {e.strerror}") from e
+        blob = read_file(args.file, PARAMS_LIMITS.max_bytes)
         source = str(args.file)
     try:
-        decode_params(blob)
+        obj = decode_params(blob)
     except FormatError as e:
         raise UsageError(f"{source} is not a valid rapid params object: {e}") from e
+    member_id, note = args.id, ""
+    if member_id is None and not league.is_learner_version(version_id(obj.version), obj):
+        member_id = foreign_id(version_id(obj.version), blob)  # weights from elsewhere never take a v… id
+        note = f"; not this run's version {obj.version}, so renamed"
     try:
-        member = league.add_snapshot_bytes(blob, member_id=args.id, pinned=args.pin)
+        member = league.add_snapshot_bytes(blob, member_id=member_id, pinned=args.pin)
     except PoolFormatError:
         raise
+    except SnapshotConflict as e:
+        raise UsageError(f"{e}; choose another --id") from None
     except ValueError as e:  # an invalid --id
         raise UsageError(str(e)) from None
-    except FileExistsError as e:
-        raise UsageError(f"{e}; choose another --id") from None
-    print(f"added {member.id} (version {member.version}, quality {member.quality:.3f})")
+    print(f"added {member.id} (version {member.version}, quality {member.quality:.3f}){note}")
     return 0
 
 
@@ -202,41 +211,93 @@ def _export(args, league: League) -> int:
     return 0
 
 
-def _import(args, league: League) -> int:
+def read_file(path: Path, limit: int) -> bytes:
+    """A regular file's bytes, at most ``limit`` of them; UsageError for anything else (a FIFO, a device
+    such as /dev/zero, a folder, a file over the limit) before reading more than the limit."""
     try:
-        tree = codec.decode(args.path.read_bytes(), EXPORT_FORMAT, (EXPORT_VERSION,), EXPORT_LIMITS)
-        pool = load_pool(codec.require(tree, "pool", bytes, "league export"), f"{args.path} pool")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # non-blocking: opening a FIFO must not hang
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise UsageError(f"cannot read {path}: not a regular file")
+        if info.st_size > limit:
+            raise UsageError(f"cannot read {path}: {info.st_size} bytes, limit {limit}")
+        try:
+            data = f.read(limit + 1)
+        except OSError as e:
+            raise UsageError(f"cannot read {path}: {e.strerror}") from None
+    if len(data) > limit:
+        raise UsageError(f"cannot read {path}: over {limit} bytes")
+    return data
+
+
+def _read_export(path: Path) -> tuple[PoolState, dict[str, bytes]]:
+    try:
+        tree = codec.decode(read_file(path, EXPORT_LIMITS.max_bytes), EXPORT_FORMAT, (EXPORT_VERSION,),
+                            EXPORT_LIMITS)
+        pool = load_pool(codec.require(tree, "pool", bytes, "league export"), f"{path} pool")
         snapshots = codec.require(tree, "snapshots", dict, "league export")
         for m in pool.members.values():
             if m.kind == "snapshot":
                 decode_params(codec.require(snapshots, m.id, bytes, "league export snapshots"))
-    except OSError as e:
-        raise UsageError(f"cannot read {args.path}: {e.strerror}") from e
     except FormatError as e:
-        raise UsageError(f"{args.path} is not a valid league export: {e}") from e
+        raise UsageError(f"{path} is not a valid league export: {e}") from e
+    return pool, snapshots
+
+
+def _import(args, league: League) -> int:
+    """Members of another run's export join this pool. Nothing is written until every member is checked,
+    and a failed commit removes the snapshots it wrote. Renamed: another run's ``v…`` snapshots (those ids
+    name this run's learner versions). Refused: an id this pool holds with other weights."""
+    pool, snapshots = _read_export(args.path)
     existing = league.read_or_empty().members
-    new = [m for m in pool.members.values() if m.id not in existing]
-    for m in new:
+    renamed: dict[str, str] = {}
+    new: list[Member] = []
+    for m in pool.members.values():
+        target = m.id
         if m.kind == "snapshot":
-            key, blob = snapshot_key(m.id), snapshots[m.id]
-            if not league.store.put_if_absent(key, blob) and league.store.get(key) != blob:
-                raise UsageError(f"this run already holds different weights under snapshot {m.id}")
-
-    def merge(state: PoolState) -> PoolState:
-        for m in new:
-            state = add_member(state, m)
-            if m.id in pool.ratings and m.id not in state.ratings:
-                state.ratings[m.id] = pool.ratings[m.id]
-        ids = {m.id for m in new}
-        state.history = sorted(state.history + [p for p in pool.history if p.id in ids], key=lambda p: p.time)
-        return state
-
-    league.update(merge)
+            blob = snapshots[m.id]
+            if VERSION_ID.match(m.id) and not league.is_learner_version(m.id, decode_params(blob)):
+                target = renamed[m.id] = foreign_id(m.id, blob)
+            if target in existing or league.store.exists(snapshot_key(target)):
+                if league.snapshot_bytes(target) != blob:
+                    raise UsageError(f"this run already holds different weights under {target}; nothing imported")
+        if target not in existing:
+            new.append(replace(m, id=target))
+    renamed = {a: b for a, b in renamed.items() if b in {m.id for m in new}}
+    written = []
+    try:
+        for m in (m for m in new if m.kind == "snapshot"):
+            if league.store.put_if_absent(snapshot_key(m.id), snapshots[_source(m.id, renamed)]):
+                written.append(snapshot_key(m.id))
+        if new:
+            league.update(lambda state: _merge(state, pool, new, renamed))
+    except BaseException:
+        for key in written:  # no snapshot without the member that references it
+            league.store.delete(key)
+        raise
     skipped = len(pool.members) - len(new)
-    print(f"imported {len(new)} members" + (f"; skipped {skipped} already in the pool" if skipped else ""))
+    print(f"imported {len(new)} members" + (f"; skipped {skipped} already in the pool" if skipped else "")
+          + "".join(f"; renamed {a} to {b}" for a, b in renamed.items()))
     return 0
 
 
+def _source(member_id: str, renamed: dict[str, str]) -> str:
+    return next((a for a, b in renamed.items() if b == member_id), member_id)
+
+
+def _merge(state: PoolState, pool: PoolState, new: list[Member], renamed: dict[str, str]) -> PoolState:
+    for m in new:
+        state = add_member(state, m)
+        source = _source(m.id, renamed)
+        if source in pool.ratings and m.id not in state.ratings:
+            state.ratings[m.id] = pool.ratings[source]
+    ids = {_source(m.id, renamed): m.id for m in new}
+    points = [replace(p, id=ids[p.id]) for p in pool.history if p.id in ids]
+    state.history = sorted(state.history + points, key=lambda p: p.time)
+    return state
 
 
 def _plot(args, league: League) -> int:

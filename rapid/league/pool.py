@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+import numpy as np
+
 from rapid.formats.params import ParamsObject, decode_params, encode_params
 from rapid.infra.store import KeyNotFound, Store
 from rapid.league.state import (
@@ -42,6 +44,7 @@ from rapid.league.state import (
     PoolFormatError,
     PoolMissing,
     PoolState,
+    SnapshotConflict,
     add_member,
     check_member_id,
     dump_pool,
@@ -51,7 +54,14 @@ from rapid.league.state import (
     version_id,
 )
 from rapid.param_store import ParameterStore
-from rapid.store_map import POOL_POINTER, POOL_REVISIONS_PREFIX, params_key, pool_revision_key, snapshot_key
+from rapid.store_map import (
+    POOL_POINTER,
+    POOL_REVISIONS_PREFIX,
+    params_key,
+    parse_pool_revision_key,
+    pool_revision_key,
+    snapshot_key,
+)
 
 # --- the store-backed pool --------------------------------------------------------------------------
 
@@ -133,12 +143,7 @@ class League:
         return state
 
     def _revisions(self) -> list[int]:
-        out = []
-        for key in self.store.list(POOL_REVISIONS_PREFIX):
-            name = key[len(POOL_REVISIONS_PREFIX):]
-            if name.endswith(".json") and name[:-5].isdigit():
-                out.append(int(name[:-5]))
-        return sorted(out)
+        return sorted(r for r in map(parse_pool_revision_key, self.store.list(POOL_REVISIONS_PREFIX)) if r is not None)
 
     def _collect(self, head: int) -> None:
         for rev in self._revisions():
@@ -165,9 +170,10 @@ class League:
         crash in between leaves only an unreferenced object, never a member without weights)."""
         obj = decode_params(blob)  # FormatError for anything that is not a valid params object
         member_id = check_member_id(member_id or version_id(obj.version), "snapshot")
+        self._check_learner_id(member_id, obj)
         key = snapshot_key(member_id)
         if not self.store.put_if_absent(key, bytes(blob)) and self.store.get(key) != bytes(blob):
-            raise FileExistsError(f"snapshot {member_id} already exists with different weights")
+            raise SnapshotConflict(f"snapshot {member_id} already exists with different weights")
         now = self.clock()
 
         def join(state: PoolState) -> PoolState:
@@ -176,6 +182,24 @@ class League:
             return retire_overflow(state, max_snapshots)
 
         return self.update(join).members[member_id]
+
+    def is_learner_version(self, member_id: str, obj: ParamsObject) -> bool:
+        """True when ``member_id`` is ``v<N>`` and ``obj`` holds the weights this run published as version N."""
+        match = VERSION_ID.match(member_id)
+        if match is None or obj.version != int(match.group(1)):
+            return False
+        try:
+            published = ParameterStore(self.store).fetch(obj.version).tensors
+        except KeyNotFound:
+            return False
+        return published.keys() == obj.tensors.keys() and all(
+            np.array_equal(published[k], obj.tensors[k]) for k in published)
+
+    def _check_learner_id(self, member_id: str, obj: ParamsObject) -> None:
+        """``v<N>`` is the evaluator's name for this run's version N: only those weights may take it."""
+        if VERSION_ID.match(member_id) and not self.is_learner_version(member_id, obj):
+            raise SnapshotConflict(f"{member_id} names this run's learner version, and these weights are not "
+                                   "it (give the snapshot another id)")
 
     def load_snapshot(self, member_id: str) -> ParamsObject:
         return decode_params(self.store.get(snapshot_key(check_member_id(member_id, "snapshot"))))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from rapid.errors import FormatError
 from rapid.formats import codec
-from rapid.infra.store import KeyNotFound, Store
+from rapid.infra.store import InvalidKey, KeyNotFound, Store
 from rapid.league.pool import League
 from rapid.league.sampling import LATEST, quality_probabilities, quality_update
 from rapid.league.state import PoolState
@@ -157,15 +157,17 @@ class ResultFolder:
         self.league = league
         self.eta = eta
         self.max_objects = max_objects
+        self.unreadable: set[str] = set()
 
     def fold_pending(self) -> FoldReport:
         store = self.league.store
         listed = [k for k in store.list(RESULTS_PREFIX) if k.endswith(".rmr")]
         pending: dict[str, list[MatchResult]] = {}
         bad = []
+        unnamed = 0
         remembered = set(self.league.read_or_empty().folded_keys)
         for key in listed:
-            if key in remembered:
+            if key in remembered or key in self.unreadable:
                 continue
             if len(pending) >= self.max_objects:
                 break
@@ -173,6 +175,11 @@ class ResultFolder:
                 pending[key] = decode_results(store.get(key))
             except KeyNotFound:
                 continue
+            except InvalidKey:
+                # A file no writer could have made (an odd name put there by hand): the store refuses to
+                # read or delete it, so count it once and never look at it again.
+                self.unreadable.add(key)
+                unnamed += 1
             except FormatError:
                 bad.append(key)  # counted and dropped: a corrupt object would otherwise be re-read forever
         present = set(listed)
@@ -189,4 +196,4 @@ class ResultFolder:
             self.league.update(fold)
         for key in [*pending, *remembered, *bad]:
             store.delete(key)
-        return FoldReport(len(pending), sum(len(v) for v in pending.values()), len(bad))
+        return FoldReport(len(pending), sum(len(v) for v in pending.values()), len(bad) + unnamed)

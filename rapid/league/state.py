@@ -6,7 +6,9 @@ these states, sampling and result folding compute on them.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field, replace
 
@@ -36,9 +38,20 @@ class PoolConflict(RuntimeError):
     """An update kept losing races with other writers and gave up."""
 
 
+class SnapshotConflict(PoolConflict):
+    """A snapshot id already names other weights (in this pool, or this run's learner version ``v…``)."""
+
+
 def version_id(version: int) -> str:
     """The id of a learner version, rated or pooled: ``v000000000042``."""
     return f"v{int(version):012d}"
+
+
+def foreign_id(member_id: str, blob: bytes) -> str:
+    """The id under which weights from another run join this pool: ``v…`` ids name this run's own learner
+    versions, so another run's ``v000000000042`` becomes ``ext-<sha256 of its bytes, 8>-v000000000042``
+    (the same on every import of the same weights, so importing twice adds nothing)."""
+    return f"ext-{hashlib.sha256(blob).hexdigest()[:8]}-{member_id}"[:64]
 
 
 
@@ -201,10 +214,30 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not allowed")  # NaN or ±Infinity would poison sampling
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 reads as infinity without ever spelling "Infinity"
+        raise ValueError(f"number {text[:32]} is out of range")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    value = int(text)
+    if abs(value) >= 1 << 63:  # would overflow a float or an int64 downstream
+        raise ValueError(f"integer {text[:32]} is out of range")
+    return value
+
+
+def load_json(data: bytes):
+    """A JSON document with only finite numbers (no NaN, no ±Infinity, no 1e999, no 64-bit overflow);
+    ValueError otherwise. Every JSON document read from a store goes through here."""
+    return json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_bounded_int)
+
+
 def load_pool(data: bytes, where: str = "pool document") -> PoolState:
     """Parse and validate a pool document; :class:`PoolFormatError` for anything wrong."""
     try:
-        doc = json.loads(data, parse_constant=_reject_constant)
+        doc = load_json(data)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise PoolFormatError(f"{where}: not JSON ({e})") from e
     if not isinstance(doc, dict) or doc.get("format") != POOL_FORMAT:

@@ -101,7 +101,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo()
     device = pick_device(cfg, rank.local_rank)
     learner = Learner(policy, learner_settings(cfg), device,
                       all_reduce=ctx.all_reduce_gradients if ctx else None,
-                      all_reduce_scalars=ctx.all_reduce_scalars if ctx else None)
+                      all_reduce_scalars=ctx.all_reduce_scalars if ctx else None, world_size=rank.world)
 
     # Where this run stands: a fresh start publishes version 0; a resume continues after the newest of
     # the checkpoint and the published versions, so no version number is ever used twice.
