@@ -322,3 +322,28 @@ def test_loader_skips_oversized_fifo_and_linked_objects_and_loads_the_rest(tmp_p
         assert loader.stats.bad_objects == 1 and loader.stats.objects == 1
     finally:
         loader.stop()
+
+
+def test_result_folding_goes_on_past_giant_fifo_and_linked_result_objects(tmp_path):
+    import os
+
+    from rapid.infra.store import LocalStore
+    from rapid.league.pool import League
+    from rapid.league.results import MatchResult, ResultFolder, ResultWriter
+    from rapid.league.state import Member, PoolState, version_id
+
+    store = LocalStore(tmp_path)
+    league = League(store)
+    league.update(lambda s: PoolState(members={version_id(1): Member(version_id(1), "snapshot", 1)}))
+    folder_path = tmp_path / "league" / "results" / "zz"
+    folder_path.mkdir(parents=True)
+    with open(folder_path / "000000000001.rmr", "wb") as f:
+        f.truncate(8 << 30)
+    os.mkfifo(folder_path / "000000000002.rmr")
+    os.symlink("/dev/zero", folder_path / "000000000003.rmr")
+    ResultWriter(store, "w1").write([MatchResult(3, version_id(1), "learner", 10, "w1", 1.0)])
+    folder = ResultFolder(league)
+    report = folder.fold_pending()
+    assert (report.objects, report.games, report.bad_objects) == (1, 1, 1)  # the FIFO and link: never listed
+    assert folder.fold_pending().bad_objects == 0  # counted once
+    assert league.read().members[version_id(1)].games == 1
