@@ -21,6 +21,7 @@ import random
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,7 @@ from rapid.formats.experience import encode_experience
 
 ROOT = Path(__file__).resolve().parents[1]
 FAR = 10 ** 11  # planted params versions far beyond any the run publishes: they never collide with one
+PLANTED = "9999999999zz"
 
 
 def nested_empty(nbytes: int) -> bytes:
@@ -58,12 +60,15 @@ class Planter:
         self.n = 0
 
     def _real_experience(self) -> bytes | None:
-        objs = sorted((self.store / "experience").glob("w*/*.rxp"))
+        objs = sorted(p for p in (self.store / "experience").glob("w*/*.rxp") if not p.name.startswith(PLANTED))
         for path in reversed(objs[-20:]):
             try:
-                return path.read_bytes()
-            except OSError:
-                continue  # removed by retention meanwhile
+                if stat.S_ISREG(path.lstat().st_mode):  # never our own FIFOs and links
+                    data = path.read_bytes()
+                    msgpack.unpackb(data, raw=False)  # a whole object, not one of our odd-named stubs
+                    return data
+            except (OSError, ValueError):
+                continue  # removed by retention meanwhile, or planted
         return None
 
     def _edited(self, data: bytes, edit) -> bytes:
@@ -91,7 +96,7 @@ class Planter:
                                      + [("params", k) for k in OTHER_KINDS]
                                      + [("league/results/zz-hostile", k) for k in OTHER_KINDS])
         ext = {"params": ".rpm"}.get(area, ".rmr" if area.startswith("league") else ".rxp")
-        name = f"{FAR + self.n:012d}{ext}" if area == "params" else f"9999999999zz-{self.n:08d}{ext}"
+        name = f"{FAR + self.n:012d}{ext}" if area == "params" else f"{PLANTED}-{self.n:08d}{ext}"
         path = self._path(area, name)
         real = self._real_experience() or seal(experience.FORMAT, b"\x80")
         if kind == "truncated":
@@ -248,7 +253,7 @@ def main() -> int:
     train_out = (run_dir.parent / f"{run_dir.name}-train.out").read_text(errors="replace")
     print(f"soak: {args.minutes:g} min of `rapid train` (connect four, 1 rollout worker) in {run_dir}; "
           f"exit code {code}")
-    print(f"planted {planter.n} hostile objects ({planted_bytes / 2**20:.0f} MiB apparent, sparse files included):")
+    print(f"planted {planter.n} hostile objects ({planted_bytes / 2**30:.0f} GiB apparent size, mostly sparse):")
     for kind, n in sorted(planter.planted.items()):
         print(f"  {kind:40s} {n}")
     print(f"optimizer: bad objects counted {final.get('bad_objects')}, updates {final.get('update')}, "
