@@ -200,7 +200,7 @@ def last_jsonl(path: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=4.0)
-    ap.add_argument("--every", type=float, default=1.0, help="seconds between planted objects")
+    ap.add_argument("--every", type=float, default=1.0, help="seconds between planted objects (0: none, a baseline)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--run-dir", default=None)
     args = ap.parse_args()
@@ -222,7 +222,11 @@ def main() -> int:
     try:
         while proc.poll() is None:
             now = time.time() - started
-            if store.joinpath("params", "LATEST").exists() and list((store / "experience").glob("w*/*.rxp")):
+            # Planting stops 20 s before the time limit, so the optimizer has polled every object it could
+            # count by the time it stops.
+            planting = args.every > 0 and now < 60 * args.minutes - 20
+            started_up = store.joinpath("params", "LATEST").exists() and any((store / "experience").glob("w*/*.rxp"))
+            if planting and started_up:
                 try:
                     planter.plant()
                 except (OSError, FormatError, ValueError, KeyError) as e:
@@ -234,7 +238,7 @@ def main() -> int:
                 rss = peak_rss_mib(pid)
                 if rss is not None:
                     peaks[role] = max(peaks.get(role, 0.0), rss)
-            time.sleep(args.every)
+            time.sleep(args.every or 1.0)
         code = proc.returncode
     finally:
         if proc.poll() is None:
@@ -256,8 +260,11 @@ def main() -> int:
     print(f"planted {planter.n} hostile objects ({planted_bytes / 2**30:.0f} GiB apparent size, mostly sparse):")
     for kind, n in sorted(planter.planted.items()):
         print(f"  {kind:40s} {n}")
-    print(f"optimizer: bad objects counted {final.get('bad_objects')}, updates {final.get('update')}, "
-          f"final version {final.get('version')}")
+    unlisted = ("fifo", "dev-zero")  # not regular files: never listed, so never counted
+    countable = sum(n for k, n in planter.planted.items() if k.startswith("experience:") and k[11:] not in unlisted)
+    print(f"optimizer: bad objects counted {final.get('bad_objects')} of {countable} listable experience objects "
+          f"planted, updates {final.get('update')}, final version {final.get('version')}, "
+          f"skipped updates {final.get('skipped_updates')}")
     print("versions published over time (seconds: LATEST): "
           + ", ".join(f"{t}s: v{v}" for t, v in timeline))
     print("peak RSS (VmHWM, MiB): " + ", ".join(f"{r} {m:.0f}" for r, m in sorted(peaks.items())))
