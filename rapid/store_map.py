@@ -111,7 +111,7 @@ def write_version_pointer(store: Store, key: str, version: int) -> None:
 def read_version_pointer(store: Store, key: str) -> int | None:
     """The version a pointer names; None when there is no pointer yet, FormatError for garbage."""
     try:
-        raw = store.get(key)
+        raw = store.get(key, max_bytes=64)  # a number: never read a planted giant
     except KeyNotFound:
         return None
     try:
