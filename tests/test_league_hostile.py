@@ -26,13 +26,13 @@ from rapid.league.state import (
     PoolState,
     SnapshotConflict,
     foreign_id,
-    load_json,
     load_pool,
     version_id,
 )
 from rapid.matches import resolve_version
 from rapid.param_store import ParameterStore
 from rapid.store_map import (
+    load_json,
     parse_params_key,
     parse_pool_revision_key,
     parse_version_text,
