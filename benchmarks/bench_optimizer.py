@@ -65,7 +65,7 @@ def worker(batch: int, updates: int, microbatch: int) -> None:
         dist.broadcast_parameters(policy)
         learner = Learner(policy, learner_settings(cfg), "cpu", all_reduce=dist.all_reduce_gradients,
                           all_reduce_scalars=dist.all_reduce_scalars)
-        shape = Shape(cfg.rollout.bptt, spec.obs_dim, spec.mask_dim, len(spec.action_heads), cfg.model.lstm)
+        shape = Shape.of(spec, bptt=cfg.rollout.bptt, lstm=cfg.model.lstm)
         data = synthetic_batch(shape, batch, spec.action_heads, seed=identity.rank)
         times, reduce_share = [], []
         for i in range(updates + 2):  # two warm-up updates

@@ -1,9 +1,14 @@
 """Any PettingZoo env, named by import path, in the vectorized multi-agent interface.
 
-Turn-based (AEC) games step one turn per vector step: the agent whose turn it is is ``active``; the other
-agents' actions are ignored that step. Parallel games step all live agents. Observations of different
-sizes are zero-padded to the largest; ``Dict`` observations with an ``action_mask`` entry (PettingZoo's
-classic games) give their mask, otherwise a mask from ``info['action_mask']`` or all-allowed.
+Turn-based (AEC) games step one turn per vector step: the live agent whose turn it is is ``active``; the
+other agents' actions are ignored that step. PettingZoo's dead steps (an eliminated agent's turn, action
+``None``) are taken inside the adapter, so every vector step is a live player's move. A round of turns (one
+step per player) is one second of game time, so the discount horizon counts rounds, not single moves.
+Parallel games step all live agents. An agent that has left the game (eliminated, or dead in a parallel game
+that goes on) is inactive and its row shows zeros: a state of its own, not a stale view of its last turn.
+Observations of different sizes are zero-padded to the largest; ``Dict`` observations with an
+``action_mask`` entry (PettingZoo's classic games) give their mask, otherwise a mask from
+``info['action_mask']`` or all-allowed.
 
 Agents are split into two sides: with two agents, one each; otherwise by name prefix when there are
 exactly two prefixes (``adversary_0``, ``agent_1`` …), else first half / second half.
@@ -17,7 +22,17 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from rapid.envs.base import EnvSpec, EpisodeStats, StepResult, VecMultiAgentEnv, head_offsets, winner_from_returns
+from rapid.envs.base import (
+    EnvSpec,
+    EpisodeStats,
+    ScriptedBot,
+    StepResult,
+    VecMultiAgentEnv,
+    generic_bot,
+    head_offsets,
+    winner_from_returns,
+)
+from rapid.envs.board_bots import LookaheadBot
 
 
 def load_pettingzoo_module(path: str):
@@ -82,6 +97,7 @@ class PettingZooVecEnv(VecMultiAgentEnv):
         self.spec = EnvSpec(
             name=path, num_agents=len(agents), obs_dim=max(self.obs_sizes), action_heads=heads,
             side_of_agent=split_sides(agents), agent_names=tuple(agents),
+            seconds_per_step=1.0 if self.parallel else 1.0 / len(agents),
         )
         self.offsets = head_offsets(heads)
         self._episode = np.zeros(num_games, dtype=np.int64)
@@ -136,11 +152,21 @@ class PettingZooVecEnv(VecMultiAgentEnv):
             game.reset(seed=self._game_seed(b))
             self._observe_aec(b)
 
+    def _clear_departed(self, b: int, present: list[str]) -> None:
+        """Agents no longer in the game: zero observation, every action allowed, inactive."""
+        for agent in self.spec.agent_names:
+            if agent not in present:
+                i = self.index[agent]
+                self._obs[b, i] = 0.0
+                self._mask[b, i] = True
+                self._active[b, i] = False
+
     def _observe_aec(self, b: int) -> None:
         game = self.games[b]
-        for agent in game.agents:
-            active = agent == game.agent_selection
-            self._write_agent(b, agent, game.observe(agent), game.infos.get(agent), active)
+        live = [a for a in game.agents if not (game.terminations[a] or game.truncations[a])]
+        for agent in live:
+            self._write_agent(b, agent, game.observe(agent), game.infos.get(agent), agent == game.agent_selection)
+        self._clear_departed(b, live)
 
     def _action_for(self, b: int, agent: str, actions: np.ndarray) -> Any:
         """The agent's action, with forbidden choices replaced by its first allowed one."""
@@ -196,21 +222,24 @@ class PettingZooVecEnv(VecMultiAgentEnv):
         obs, rew, terms, truncs, infos = game.step({a: self._action_for(b, a, actions) for a in live})
         for agent, r in rew.items():
             rewards[b, self.index[agent]] = r
-        self._active[b] = False
         for agent in game.agents:
             self._write_agent(b, agent, obs[agent], infos.get(agent), True)
+        self._clear_departed(b, list(game.agents))
         if game.agents and not all(terms.get(a, False) or truncs.get(a, False) for a in game.agents):
             return False, False
         cut = any(truncs.values()) and not any(terms.values())
         return True, cut
 
     def _step_aec(self, b, game, actions, rewards) -> tuple[bool, bool]:
-        agent = game.agent_selection
-        finished = game.terminations[agent] or game.truncations[agent]
-        game.step(None if finished else self._action_for(b, agent, actions))
-        for other, r in game.rewards.items():
-            rewards[b, self.index[other]] += r
-        alive = [a for a in game.agents if not (game.terminations[a] or game.truncations[a])]
+        game.step(self._action_for(b, game.agent_selection, actions))
+        while True:
+            for other, r in game.rewards.items():
+                rewards[b, self.index[other]] += r
+            alive = [a for a in game.agents if not (game.terminations[a] or game.truncations[a])]
+            dead_turn = game.terminations[game.agent_selection] or game.truncations[game.agent_selection]
+            if not (alive and dead_turn):
+                break
+            game.step(None)  # an eliminated player's dead step: nobody moves
         if alive:
             self._observe_aec(b)
             return False, False
@@ -221,6 +250,16 @@ class PettingZooVecEnv(VecMultiAgentEnv):
         return StepResult(obs=self._obs.copy(), action_mask=self._mask.copy(), rewards=rewards,
                           terminated=terminated, truncated=truncated, active=self._active.copy(),
                           episodes=episodes)
+
+    def bot_names(self) -> tuple[str, ...]:
+        """``random`` for every game; ``lookahead`` too for turn-based games with one discrete action."""
+        board = not self.parallel and len(self.spec.action_heads) == 1
+        return ("random", "lookahead") if board else ("random",)
+
+    def make_bot(self, name: str, seed: int = 0) -> ScriptedBot:
+        if name == "lookahead" and name in self.bot_names():
+            return LookaheadBot(self.games, self.spec, seed)
+        return generic_bot(name, self.spec, seed)
 
     def close(self) -> None:
         for game in self.games:

@@ -9,8 +9,17 @@ from rapid.envs.base import VecMultiAgentEnv
 BUILTIN = ("moba",)
 
 
-class EnvNotFound(ValueError):
-    """The env name names neither a built-in game nor an importable PettingZoo env."""
+def options_type(name: str) -> type | None:
+    """The dataclass that types env ``name``'s options, which the config checks at load; None when the env
+    declares none (its options then go unchecked to its constructor). A PettingZoo module declares one as a
+    module attribute ``rapid_options``. ValueError when ``name`` names no env."""
+    if name == "moba":
+        from rapid.envs.moba.config import MobaConfig
+
+        return MobaConfig
+    from rapid.envs.pettingzoo_adapter import load_pettingzoo_module
+
+    return getattr(load_pettingzoo_module(name), "rapid_options", None)
 
 
 def make_env(name: str, num_games: int, seed: int = 0, options: dict[str, Any] | None = None) -> VecMultiAgentEnv:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -36,7 +37,16 @@ import boto3.s3.transfer
 import botocore.config
 import botocore.exceptions
 
-from rapid.infra.store import InvalidKey, KeyNotFound, Store, StoreError, validate_key, validate_prefix
+from rapid.infra.store import (
+    DEFAULT_MAX_BYTES,
+    InvalidKey,
+    KeyNotFound,
+    ObjectTooLarge,
+    Store,
+    StoreError,
+    validate_key,
+    validate_prefix,
+)
 
 MiB = 1024 * 1024
 
@@ -55,6 +65,18 @@ _URL_USERINFO = re.compile(r"(//)[^/@\s]+@")
 def _redact(text: str) -> str:
     text = _URL_USERINFO.sub(r"\1***@", text)
     return _ACCESS_KEY_ID.sub("***", text)
+
+
+# At DEBUG these SDK loggers print whole signed requests: the access key id, the session token and the
+# signature. No log level of ours may print a credential, so they never log below WARNING.
+_SDK_LOGGERS = ("botocore", "boto3", "s3transfer", "urllib3")
+
+
+def quiet_sdk_loggers() -> None:
+    for name in _SDK_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.level < logging.WARNING:  # NOTSET too: it would inherit the root's DEBUG
+            logger.setLevel(logging.WARNING)
 
 
 def _safe_endpoint(url: str | None) -> str:
@@ -121,6 +143,7 @@ class S3Store(Store):
             # Path style works with every S3-compatible server (IP endpoints, MinIO without wildcard DNS).
             s3={"addressing_style": addressing_style},
         )
+        quiet_sdk_loggers()
         try:
             session = boto3.session.Session(profile_name=profile)
             self._client = session.client("s3", endpoint_url=endpoint_url, config=config)
@@ -214,12 +237,17 @@ class S3Store(Store):
                 return False
         return True
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
         full = self._key(key)
         with self._call("get", key) as call:
             response = self._client.get_object(Bucket=self.bucket, Key=full)
             with response["Body"] as body:
-                data = body.read()
+                size = response.get("ContentLength")
+                if not isinstance(size, int) or size > max_bytes:
+                    raise ObjectTooLarge(f"s3 object {key!r} is {size} bytes, more than the {max_bytes} allowed")
+                data = body.read(max_bytes + 1)  # never more than the limit, whatever the header said
+            if len(data) > max_bytes:
+                raise ObjectTooLarge(f"s3 object {key!r} is more than the {max_bytes} bytes allowed")
             call.nbytes = len(data)
         return data
 

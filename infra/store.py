@@ -6,11 +6,13 @@ Usage::
     store.put("experience/w0/000001.rxp", data)      # atomic: readers see all of it or nothing
     if store.put_if_absent("params/000000000007.rpm", blob): ...   # immutable objects
     for key in store.list("experience/"):            # sorted, relative to the store's root
-        data = store.get(key)
+        data = store.get(key, max_bytes=64 << 20)    # ObjectTooLarge past the limit, nothing read
         store.delete(key)
 
 Keys are relative, '/'-separated, made of ``[A-Za-z0-9._-]`` segments; anything that could escape the
-store's root (``..``, absolute paths, backslashes, empty segments) raises :class:`InvalidKey`.
+store's root (``..``, absolute paths, backslashes, empty segments) raises :class:`InvalidKey`. Reads are
+bounded: the size is checked before anything is read, and only regular files are read (a FIFO, a device,
+or a symbolic link named like an object is a :class:`BadObject`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import abc
 import os
 import re
+import stat
 import tempfile
 import time
 from collections.abc import Callable
@@ -25,6 +28,10 @@ from pathlib import Path
 
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 MAX_KEY_LENGTH = 512
+DEFAULT_MAX_BYTES = 4 << 30
+"""What ``get`` reads at most unless told a smaller limit (the largest object format's limit)."""
+TEMP_MAX_AGE_S = 3600.0
+"""A write's temp file older than this was left by a killed writer: listing removes it."""
 
 
 class StoreError(Exception):
@@ -33,6 +40,15 @@ class StoreError(Exception):
 
 class KeyNotFound(StoreError, KeyError):
     """No object under that key."""
+
+
+class BadObject(StoreError):
+    """An object the store will not read: not a regular file, a link out of the root, or too large.
+    Unlike other store errors it is not transient: reading it again gives the same answer."""
+
+
+class ObjectTooLarge(BadObject):
+    """An object larger than the reader's ``max_bytes``; nothing of it was read."""
 
 
 class InvalidKey(ValueError):
@@ -73,8 +89,9 @@ class Store(abc.ABC):
         """Write only if no object exists under ``key``; False (and nothing written) if one does."""
 
     @abc.abstractmethod
-    def get(self, key: str) -> bytes:
-        """The object's bytes; :class:`KeyNotFound` if absent."""
+    def get(self, key: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+        """The object's bytes; :class:`KeyNotFound` if absent, :class:`ObjectTooLarge` (nothing read) if
+        it is larger than ``max_bytes``, :class:`BadObject` if it is not a regular object."""
 
     @abc.abstractmethod
     def list(self, prefix: str = "") -> list[str]:
@@ -97,15 +114,26 @@ class Store(abc.ABC):
 
 
 class LocalStore(Store):
-    """A folder on a local (or shared) file system. Atomic writes by temp file + rename."""
+    """A folder on a local (or shared) file system. Atomic writes by temp file + rename.
+
+    Nothing outside the root is ever read, written, listed or deleted: a folder that is a symbolic link
+    out of the root is refused, and object files are opened without following links."""
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.url = self.root.as_uri()
+        self._inside = str(self.root).rstrip(os.sep) + os.sep
 
     def _path(self, key: str) -> Path:
-        return self.root / validate_key(key)
+        path = self.root / validate_key(key)
+        self._check_inside(path.parent, key)
+        return path
+
+    def _check_inside(self, folder: Path, what: str) -> None:
+        real = os.path.realpath(folder)
+        if real != str(self.root) and not real.startswith(self._inside):
+            raise BadObject(f"{what!r} leads out of the store's root through a symbolic link")
 
     def _write_temp(self, path: Path, data: bytes) -> str:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,33 +170,80 @@ class LocalStore(Store):
             raise StoreError(f"cannot write {key}: {e.strerror}") from e
         return True
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
         path = self._path(key)
         try:
-            return path.read_bytes()
+            # O_NOFOLLOW: a link (to /dev/zero, to a file outside) is refused; O_NONBLOCK: a FIFO opens at
+            # once instead of waiting for a writer, and is then refused as not a regular file.
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
             raise KeyNotFound(key) from e
         except OSError as e:
+            if os.path.islink(path):
+                raise BadObject(f"{key} is a symbolic link, not an object") from e
             raise StoreError(f"cannot read {key}: {e.strerror}") from e
+        try:
+            info = os.fstat(fd)
+            if stat.S_ISDIR(info.st_mode):
+                raise KeyNotFound(key)
+            if not stat.S_ISREG(info.st_mode):
+                raise BadObject(f"{key} is not a regular file")
+            if info.st_size > max_bytes:
+                raise ObjectTooLarge(f"{key} is {info.st_size} bytes, more than the {max_bytes} allowed")
+            os.set_blocking(fd, True)
+            chunks, size = [], 0
+            while size <= max_bytes:  # a file that grows after fstat is still read no further than the limit
+                chunk = os.read(fd, min(max_bytes + 1 - size, 16 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            if size > max_bytes:
+                raise ObjectTooLarge(f"{key} grew past the {max_bytes} bytes allowed while being read")
+            return b"".join(chunks)
+        except OSError as e:
+            raise StoreError(f"cannot read {key}: {e.strerror}") from e
+        finally:
+            os.close(fd)
 
     def list(self, prefix: str = "") -> list[str]:
         validate_prefix(prefix)
         # Walk only the deepest folder the prefix names, not the whole store.
         folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         base = self.root / folder
-        if not base.is_dir():
+        if not base.is_dir() or base.is_symlink():
             return []
-        keys = []
-        for dirpath, dirnames, filenames in os.walk(base):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            rel_dir = Path(dirpath).relative_to(self.root).as_posix()
-            for name in filenames:
-                if name.startswith(".tmp-"):
-                    continue
-                key = name if rel_dir == "." else f"{rel_dir}/{name}"
-                if key.startswith(prefix):
-                    keys.append(key)
+        self._check_inside(base, prefix)
+        keys: list[str] = []
+        self._walk(base, folder, prefix, keys, time.time() - TEMP_MAX_AGE_S)
         return sorted(keys)
+
+    def _walk(self, folder: Path, rel: str, prefix: str, keys: list[str], stale_before: float) -> None:
+        """Regular files only: links (to files or folders) and FIFOs are not objects and not followed."""
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            return  # removed while listing
+        for entry in entries:
+            key = f"{rel}/{entry.name}" if rel else entry.name
+            if entry.name.startswith(".tmp-"):
+                self._remove_if_stale(entry, stale_before)
+            elif entry.name.startswith("."):
+                continue
+            elif entry.is_dir(follow_symlinks=False):
+                if (key + "/").startswith(prefix) or prefix.startswith(key + "/"):
+                    self._walk(Path(entry.path), key, prefix, keys, stale_before)
+            elif entry.is_file(follow_symlinks=False) and key.startswith(prefix):
+                keys.append(key)
+
+    @staticmethod
+    def _remove_if_stale(entry: os.DirEntry, stale_before: float) -> None:
+        """A killed writer's temp file: removed once it is old enough that no live write can own it."""
+        try:
+            if entry.name.endswith(".part") and entry.stat(follow_symlinks=False).st_mtime < stale_before:
+                os.unlink(entry.path)
+        except OSError:
+            pass  # another lister removed it first
 
     def delete(self, key: str) -> None:
         try:
@@ -179,7 +254,10 @@ class LocalStore(Store):
             raise StoreError(f"cannot delete {key}: {e.strerror}") from e
 
     def exists(self, key: str) -> bool:
-        return self._path(key).is_file()
+        try:
+            return stat.S_ISREG(os.lstat(self._path(key)).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
 
 
 class ObservedStore(Store):
@@ -214,8 +292,8 @@ class ObservedStore(Store):
     def put_if_absent(self, key: str, data: bytes) -> bool:
         return self._timed("put_if_absent", lambda: self.inner.put_if_absent(key, data), len(data))
 
-    def get(self, key: str) -> bytes:
-        return self._timed("get", lambda: self.inner.get(key))
+    def get(self, key: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+        return self._timed("get", lambda: self.inner.get(key, max_bytes))
 
     def list(self, prefix: str = "") -> list[str]:
         return self._timed("list", lambda: self.inner.list(prefix))

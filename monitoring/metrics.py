@@ -213,6 +213,10 @@ class RolloutMetrics(RoleMetrics):
         self._dropped = self._counter(
             "rapid_upload_dropped_objects_total", "Experience objects dropped because the upload backlog was full.")
         self._version = self._gauge("rapid_param_version", "Parameter version in use.")
+        self._param_failures = self._counter(
+            "rapid_param_refresh_failures_total", "Parameter refreshes that failed (store error or bad object).")
+        self._param_behind = self._gauge(
+            "rapid_param_behind_seconds", "Seconds a newer parameter version has existed without being fetched.")
         self._store_metrics()
         self._episode_metrics()
         self._upload_bytes = self._store_bytes[OP_EXPERIENCE_PUT]
@@ -241,6 +245,12 @@ class RolloutMetrics(RoleMetrics):
 
     def param_version(self, v: int) -> None:
         self._version.set(v)
+
+    def param_refresh_failed(self, why: str = "") -> None:
+        self._param_failures.inc()
+
+    def params_behind(self, seconds: float) -> None:
+        self._param_behind.set(seconds)
 
     def params_fetch(self, seconds: float, nbytes: int) -> None:
         self.store_op(OP_PARAMS_GET, nbytes, seconds)

@@ -1,18 +1,23 @@
-"""The optimizer's experience buffer: a ring of samples, with staleness and reuse measured.
+"""The optimizer's experience buffer: a ring of samples, with staleness and reuse measured and bounded.
 
 Usage::
 
     buf = ExperienceBuffer(capacity=4096, max_staleness=8)
     buf.add(arrays)                                   # dict of [S, ...] arrays, one key 'version'
-    batch = buf.sample(256, current_version, rng)     # None until enough fresh samples
-    buf.stats()                                       # received, consumed, dropped_stale, reuse
+    batch = buf.sample(256, current_version, rng, max_reuse=1.0)   # None until enough fresh samples
+    buf.stats()                                       # received, consumed, used, dropped_stale, reuse
 
 Staleness = current version − the version that produced a sample; samples beyond ``max_staleness`` are
 dropped (and counted) when a batch is drawn. Reuse = samples consumed by updates ÷ samples received.
+
+``max_reuse`` bounds reuse twice: no sample is drawn more than ``ceil(max_reuse)`` times, and the samples
+consumed never exceed ``max_reuse`` × the samples that could still be used (received, less those evicted
+or gone stale before any use: wasted experience must not buy extra passes over the survivors).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 
@@ -23,16 +28,31 @@ import numpy as np
 class BufferStats:
     received: int = 0
     consumed: int = 0
+    used: int = 0
+    """Samples drawn by at least one update."""
     dropped_stale: int = 0
     """Samples that went stale before any update used them: experience wasted."""
     retired_stale: int = 0
     """Samples that went stale after being used: the normal end of a sample's life."""
     evicted_unused: int = 0
+    """Samples overwritten before any update used them: experience wasted."""
     size: int = 0
+    unused: int = 0
+    """Samples in the buffer that no update has used yet: the backlog."""
 
     @property
     def reuse(self) -> float:
         return self.consumed / self.received if self.received else 0.0
+
+    @property
+    def usable(self) -> int:
+        """Samples received that were used or still can be."""
+        return self.received - self.dropped_stale - self.evicted_unused
+
+
+def per_sample_cap(max_reuse: float) -> float:
+    """How many times one sample may be drawn under ``max_reuse`` (at least once)."""
+    return math.inf if math.isinf(max_reuse) else max(1, math.ceil(max_reuse - 1e-9))
 
 
 class ExperienceBuffer:
@@ -78,26 +98,29 @@ class ExperienceBuffer:
                timeout: float = 0.0) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
         """``batch`` fresh samples (least-used first, ties at random) and their staleness, or None if
         there are too few, or consuming them would push reuse above ``max_reuse``, within ``timeout``."""
+        cap = per_sample_cap(max_reuse)
         with self._lock:
-            ready = self._added.wait_for(lambda: self._ready(batch, current_version, max_reuse), timeout)
+            ready = self._added.wait_for(lambda: self._ready(batch, current_version, max_reuse, cap), timeout)
             if not ready:
                 return None
-            candidates = np.flatnonzero(self._valid)
+            candidates = np.flatnonzero(self._valid & (self._uses < cap))
             order = np.lexsort((rng.random(candidates.size), self._uses[candidates]))
             chosen = candidates[order[:batch]]
+            self._stats.used += int((self._uses[chosen] == 0).sum())
             self._uses[chosen] += 1
             self._stats.consumed += batch
             out = {k: v[chosen].copy() for k, v in self._arrays.items()}
         return out, current_version - out["version"]
 
-    def _ready(self, batch: int, current_version: int, max_reuse: float) -> bool:
+    def _ready(self, batch: int, current_version: int, max_reuse: float, cap: float) -> bool:
         self._drop_stale(current_version)
-        if int(self._valid.sum()) < batch:
+        if int((self._valid & (self._uses < cap)).sum()) < batch:
             return False
-        return self._stats.consumed + batch <= max_reuse * self._stats.received
+        return self._stats.consumed + batch <= max_reuse * self._stats.usable
 
     def stats(self) -> BufferStats:
         with self._lock:
             s = BufferStats(**vars(self._stats))
             s.size = int(self._valid.sum())
+            s.unused = int((self._valid & (self._uses == 0)).sum())
             return s

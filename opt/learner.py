@@ -2,17 +2,21 @@
 
 Usage::
 
-    learner = Learner(policy, LearnerSettings(...), all_reduce=ctx.all_reduce_gradients)
+    learner = Learner(policy, LearnerSettings(...), device, all_reduce=ctx.all_reduce_gradients,
+                      all_reduce_scalars=ctx.all_reduce_scalars, world_size=ctx.size)
     stats = learner.update(batch)        # batch: dict of [S, T, ...] arrays (see rapid.formats.experience)
-    if stats["skipped"]: ...             # non-finite loss or gradients: nothing was applied
+    if stats["skipped"]: ...             # non-finite loss, gradients or statistics: nothing was applied
 
-With several ranks every rank calls ``update`` in lock step; ``all_reduce`` averages the gradients, so
-the parameters stay identical everywhere.
+With several ranks every rank calls ``update`` in lock step; ``all_reduce`` averages the gradients and
+``all_reduce_scalars`` pools the batch statistics, so the parameters and normalizers stay identical everywhere
+and equal to one process training on the union of the batches.
+
+The losses are computed with the normalizers the data was collected with; the normalizers move only
+afterwards, with the same update (so fresh data has a PPO ratio of exactly 1).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +26,9 @@ import torch
 
 from rapid.opt import losses
 from rapid.opt.model import Policy
+
+STAGED = ("obs", "mask", "actions", "logp", "values", "advantages", "returns", "active", "first", "h0", "c0")
+DIAGNOSTICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
 
 
 @dataclass
@@ -37,44 +44,49 @@ class LearnerSettings:
     eps: float = 1e-5
     microbatch: int = 0
     normalize_returns: bool = True
+    value_clip: float = 0.0
+    """PPO2's value clipping, in normalized return units (0: off)."""
+    preserve_value_outputs: bool = True
+    """When the return scale moves, rescale the value head so its outputs in return units stay put (PopArt's
+    'preserving outputs')."""
 
 
 class Learner:
     def __init__(self, policy: Policy, settings: LearnerSettings, device: torch.device | str = "cpu",
                  all_reduce: Callable[[list[torch.nn.Parameter]], None] | None = None,
-                 all_reduce_scalars: Callable[[dict[str, float]], dict[str, float]] | None = None):
-        self.policy = policy.to(device)
-        self.settings = settings
+                 all_reduce_scalars: Callable[[dict[str, float]], dict[str, float]] | None = None,
+                 world_size: int = 1):
         self.device = torch.device(device)
+        self.policy = policy.to(self.device)
+        self.settings = settings
         self.all_reduce = all_reduce
         self.all_reduce_scalars = all_reduce_scalars
+        self.world_size = world_size
         self.params = [p for p in policy.parameters() if p.requires_grad]
         self.adam = torch.optim.Adam(self.params, lr=settings.lr, betas=settings.betas, eps=settings.eps)
         self.updates = 0
         self.skipped = 0
 
-    def _tensor(self, array: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(array, device=self.device)
+    def entropy_coef(self) -> float:
+        s = self.settings
+        return losses.linear_schedule(s.entropy_coef, s.entropy_final, s.entropy_anneal_updates, self.updates)
 
-    def _update_normalizers(self, batch: dict[str, np.ndarray]) -> None:
-        """Observation and return statistics, averaged over ranks so every rank keeps the same."""
-        obs = batch["obs"].reshape(-1, batch["obs"].shape[-1])
-        mean, var = obs.mean(0), obs.var(0)
-        ret_sq = float(np.mean(batch["returns"] ** 2))
-        if self.all_reduce_scalars is not None:
-            merged = self.all_reduce_scalars({"ret_sq": ret_sq, **{f"m{i}": float(m) for i, m in enumerate(mean)},
-                                              **{f"v{i}": float(v) for i, v in enumerate(var)}})
-            ret_sq = merged["ret_sq"]
-            mean = np.array([merged[f"m{i}"] for i in range(mean.size)])
-            var = np.array([merged[f"v{i}"] for i in range(var.size)])
-        self.policy.obs_norm.update_moments(torch.as_tensor(mean), torch.as_tensor(var), obs.shape[0])
-        if self.settings.normalize_returns:
-            # Slow exponential average of the return's RMS: the scale the value head predicts in.
-            scale = self.policy.return_scale
-            scale.copy_(torch.sqrt(0.99 * scale**2 + 0.01 * max(ret_sq, 1e-8)).clamp(min=1e-3))
+    def _stage(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """The batch on the learner's device, copied once (from pinned memory, asynchronously, on CUDA)."""
+        pin = self.device.type == "cuda"
+        out = {}
+        for key in STAGED:
+            t = torch.as_tensor(batch[key])
+            out[key] = (t.pin_memory() if pin else t).to(self.device, non_blocking=pin)
+        return out
 
-    def _buffers_finite(self) -> bool:
-        return all(bool(torch.isfinite(b).all()) for b in self.policy.buffers() if b.is_floating_point())
+    def _pool(self, local: torch.Tensor) -> torch.Tensor:
+        """Means over ranks of a float64 vector of sums (ratios of these are the pooled statistics)."""
+        if self.all_reduce_scalars is None:
+            return local
+        merged = self.all_reduce_scalars({f"{i:06d}": v for i, v in enumerate(local.tolist())})
+        return torch.tensor([merged[f"{i:06d}"] for i in range(local.numel())], dtype=torch.float64,
+                            device=self.device)
 
     def _agree_finite(self, finite: bool) -> bool:
         """Every rank must skip the same updates, or their parameters drift apart."""
@@ -82,82 +94,84 @@ class Learner:
             return finite
         return self.all_reduce_scalars({"nonfinite": float(not finite)})["nonfinite"] == 0.0
 
-    def _restore(self, saved: dict[str, torch.Tensor]) -> None:
-        with torch.no_grad():
-            for name, b in self.policy.named_buffers():
-                b.copy_(saved[name])
-
-    def _skip(self, saved: dict[str, torch.Tensor], t0: float) -> dict[str, float]:
-        """Non-finite normalizer statistics: nothing is applied, the forward pass is not even run."""
-        self._restore(saved)
-        self.skipped += 1
-        nan = float("nan")
-        return {"policy_loss": nan, "value_loss": nan, "entropy": nan, "approx_kl": nan, "clip_fraction": nan,
-                "grad_norm": nan, "explained_variance": nan, "entropy_coef": self.entropy_coef(),
-                "lr": self.settings.lr, "skipped": 1.0, "update_s": time.perf_counter() - t0,
-                "forward_s": 0.0, "backward_s": 0.0, "allreduce_s": 0.0, "step_s": 0.0}
-
-    def entropy_coef(self) -> float:
-        s = self.settings
-        return losses.linear_schedule(s.entropy_coef, s.entropy_final, s.entropy_anneal_updates, self.updates)
-
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         s = self.settings
-        timings = {}
         t0 = time.perf_counter()
-        # A skipped update must leave no trace: the normalizers are buffers of the model and would otherwise
-        # carry an overflow (extreme but finite experience) into every later update and published version.
-        saved = {name: b.detach().clone() for name, b in self.policy.named_buffers()}
-        self._update_normalizers(batch)
-        if not self._agree_finite(self._buffers_finite()):
-            return self._skip(saved, t0)
-        scale = float(self.policy.return_scale)
-        S = batch["obs"].shape[0]
-        chunk = s.microbatch or S
-        active = self._tensor(batch["active"]).float()
-        adv_all = losses.normalize_advantages(self._tensor(batch["advantages"]), active)
+        b = self._stage(batch)
+        policy, norm = self.policy, self.policy.obs_norm
+        active = b["active"].float()
+        ones = torch.ones(b["obs"].shape[:-1], device=self.device)
+        # One collective pools every statistic of the batch: the active-step count that normalizes the losses
+        # (so microbatches and ranks add up to the batch mean), the advantage moments, the returns' mean
+        # square and the observation sums the normalizer takes after the losses.
+        local = torch.cat([losses.weighted_sums(b["advantages"], active),
+                           losses.weighted_sums(b["returns"], active),
+                           losses.shifted_sums(b["obs"], ones, norm.mean).reshape(-1)])
+        pooled = self._pool(local)
+        adv_sums, ret_sums, obs_sums = pooled[:3], pooled[3:6], pooled[6:].reshape(3, -1)
+        total = adv_sums[0].float()
+        adv = losses.normalize_advantages(b["advantages"], active, adv_sums)
+        scale = policy.return_scale.float()
         ent_coef = self.entropy_coef()
+        S = b["obs"].shape[0]
+        chunk = s.microbatch or S
         self.adam.zero_grad(set_to_none=True)
-        totals = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
-        values_pred = []
+        diag = torch.zeros(len(DIAGNOSTICS), device=self.device)
+        values = []
         t_forward = t_backward = 0.0
         for start in range(0, S, chunk):
             part = slice(start, start + chunk)
             ta = time.perf_counter()
-            logp, entropy, value = self.policy.evaluate(
-                self._tensor(batch["obs"][part]), self._tensor(batch["mask"][part]),
-                self._tensor(batch["actions"][part]), self._tensor(batch["h0"][part]),
-                self._tensor(batch["c0"][part]), self._tensor(batch["first"][part]))
+            logp, entropy, value = policy.evaluate(b["obs"][part], b["mask"][part], b["actions"][part],
+                                                   b["h0"][part], b["c0"][part], b["first"][part])
             w = active[part]
-            pg, diag = losses.ppo_policy_loss(logp, self._tensor(batch["logp"][part]), adv_all[part], s.clip, w)
-            vl = losses.value_loss(value, self._tensor(batch["returns"][part]) / scale, torch.ones_like(w))
-            ent = losses.masked_mean(entropy, w)
-            loss = (pg + s.value_coef * vl - ent_coef * ent) * (min(chunk, S - start) / S)
+            pg, kl = losses.ppo_policy_loss(logp, b["logp"][part], adv[part], s.clip, w, total)
+            vl = losses.value_loss(value, b["returns"][part] / scale, w, total, old=b["values"][part] / scale,
+                                   clip=s.value_clip)
+            ent = losses.masked_mean(entropy, w, total)
             tb = time.perf_counter()
-            loss.backward()
+            (pg + s.value_coef * vl - ent_coef * ent).backward()
             t_forward += tb - ta
             t_backward += time.perf_counter() - tb
-            frac = min(chunk, S - start) / S
-            for key, val in (("policy_loss", pg), ("value_loss", vl), ("entropy", ent),
-                             ("approx_kl", diag["approx_kl"]), ("clip_fraction", diag["clip_fraction"])):
-                totals[key] += float(val.detach()) * frac
-            values_pred.append(value.detach().cpu().numpy() * scale)
-        timings["forward_s"], timings["backward_s"] = t_forward, t_backward
+            diag += torch.stack([pg, vl, ent, kl["approx_kl"], kl["clip_fraction"]]).detach()
+            values.append(value.detach())
         ta = time.perf_counter()
         if self.all_reduce is not None:
             self.all_reduce(self.params)
-        timings["allreduce_s"] = time.perf_counter() - ta
+        t_allreduce = time.perf_counter() - ta
         ta = time.perf_counter()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, s.max_grad_norm))
-        finite = self._agree_finite(math.isfinite(grad_norm) and all(math.isfinite(v) for v in totals.values()))
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, s.max_grad_norm)
+        count, mean, m2 = losses.moments_of_sums(obs_sums, norm.mean)
+        new_norm = norm.merged(mean, m2 / count.clamp(min=1e-12), count * self.world_size)
+        ret_sq = ret_sums[2] / ret_sums[0].clamp(min=1.0)
+        # Slow exponential average of the return's RMS: the scale the value head predicts in.
+        new_scale = (torch.sqrt(0.99 * policy.return_scale**2 + 0.01 * ret_sq.clamp(min=1e-8)).clamp(min=1e-3)
+                     if s.normalize_returns else policy.return_scale)
+        # The normalizers are used in float32: they must be finite there too.
+        checks = torch.stack([grad_norm.isfinite(), diag.isfinite().all(), new_norm[1].float().isfinite().all(),
+                              new_norm[2].float().isfinite().all(), new_scale.float().isfinite()])
+        finite = self._agree_finite(bool(checks.all()))
         if finite:
             self.adam.step()
+            self._move_normalizers(new_norm, new_scale)
             self.updates += 1
         else:
             self.skipped += 1
-            self._restore(saved)
         self.adam.zero_grad(set_to_none=True)
-        timings["step_s"] = time.perf_counter() - ta
-        ev = losses.explained_variance(np.concatenate(values_pred).ravel(), batch["returns"].ravel())
-        return {**totals, "grad_norm": grad_norm, "explained_variance": ev, "entropy_coef": ent_coef,
-                "lr": s.lr, "skipped": float(not finite), "update_s": time.perf_counter() - t0, **timings}
+        ev = losses.explained_variance(torch.cat(values) * scale, b["returns"], active)
+        figures = torch.cat([diag, grad_norm.reshape(1).float(), ev.reshape(1).float()]).tolist()
+        stats = dict(zip((*DIAGNOSTICS, "grad_norm", "explained_variance"), figures))
+        return {**stats, "entropy_coef": ent_coef, "lr": s.lr, "skipped": float(not finite),
+                "update_s": time.perf_counter() - t0, "forward_s": t_forward, "backward_s": t_backward,
+                "allreduce_s": t_allreduce, "step_s": time.perf_counter() - ta}
+
+    @torch.no_grad()
+    def _move_normalizers(self, new_norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                          new_scale: torch.Tensor) -> None:
+        policy = self.policy
+        policy.obs_norm.set(*new_norm)
+        ratio = (policy.return_scale / new_scale).float()
+        if self.settings.preserve_value_outputs:
+            policy.value_head.weight.mul_(ratio)
+            policy.value_head.bias.mul_(ratio)
+        policy.return_scale.copy_(new_scale)

@@ -52,37 +52,92 @@ def gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, last_value: 
     return advantages, advantages + values.astype(np.float32)
 
 
-def masked_mean(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    return (x * weights).sum() / weights.sum().clamp(min=1.0)
+def masked_mean(x: torch.Tensor, weights: torch.Tensor, total: torch.Tensor | float | None = None) -> torch.Tensor:
+    """Weighted mean of ``x``; with ``total`` the weighted sum divided by that count instead of the local weight sum,
+    so that chunks of one batch (microbatches, ranks) add up to the mean over the whole batch."""
+    denom = weights.sum() if total is None else torch.as_tensor(total, dtype=x.dtype, device=x.device)
+    return (x * weights).sum() / denom.clamp(min=1.0)
 
 
-def normalize_advantages(adv: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    mean = masked_mean(adv, weights)
-    std = masked_mean((adv - mean) ** 2, weights).sqrt()
-    return (adv - mean) / (std + 1e-8)
+def weighted_sums(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """float64 (Σw, Σw·x, Σw·x²): the moments of a split batch (microbatches, ranks) add up."""
+    x, w = x.double(), weights.double()
+    return torch.stack([w.sum(), (w * x).sum(), (w * x * x).sum()])
+
+
+def normalize_advantages(adv: torch.Tensor, weights: torch.Tensor, sums: torch.Tensor | None = None) -> torch.Tensor:
+    """Weighted z-score; ``sums`` (:func:`weighted_sums` pooled over a whole batch) replaces the local moments."""
+    n, s1, s2 = weighted_sums(adv, weights) if sums is None else sums
+    mean = s1 / n.clamp(min=1.0)
+    std = (s2 / n.clamp(min=1.0) - mean * mean).clamp(min=0.0).sqrt()
+    return ((adv - mean) / (std + 1e-8)).to(adv.dtype)
 
 
 def ppo_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip: float,
-                    weights: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped surrogate loss (to minimize) and diagnostics: approximate KL and clip fraction."""
+                    weights: torch.Tensor, total: torch.Tensor | float | None = None
+                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate loss (to minimize) and diagnostics: approximate KL and clip fraction.
+
+    ``total``: see :func:`masked_mean`."""
     log_ratio = logp - old_logp
     ratio = log_ratio.exp()
     surrogate = torch.min(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv)
-    loss = -masked_mean(surrogate, weights)
+    loss = -masked_mean(surrogate, weights, total)
     with torch.no_grad():
-        approx_kl = masked_mean((ratio - 1.0) - log_ratio, weights)  # the low-variance k3 estimator
-        clip_fraction = masked_mean(((ratio - 1.0).abs() > clip).float(), weights)
+        approx_kl = masked_mean((ratio - 1.0) - log_ratio, weights, total)  # the low-variance k3 estimator
+        clip_fraction = masked_mean(((ratio - 1.0).abs() > clip).to(logp.dtype), weights, total)
     return loss, {"approx_kl": approx_kl, "clip_fraction": clip_fraction}
 
 
-def value_loss(pred: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    return 0.5 * masked_mean((pred - target) ** 2, weights)
+def value_loss(pred: torch.Tensor, target: torch.Tensor, weights: torch.Tensor,
+               total: torch.Tensor | float | None = None, old: torch.Tensor | None = None,
+               clip: float = 0.0) -> torch.Tensor:
+    """Half the weighted squared error. With ``clip`` > 0 and the values ``old`` the data was collected with,
+    the PPO2 clipped form: the larger of the errors of ``pred`` and of ``old`` moved at most ``clip``."""
+    err = (pred - target) ** 2
+    if clip > 0.0 and old is not None:
+        moved = old + (pred - old).clamp(-clip, clip)
+        err = torch.max(err, (moved - target) ** 2)
+    return 0.5 * masked_mean(err, weights, total)
 
 
-def explained_variance(pred: np.ndarray, target: np.ndarray) -> float:
-    """1 − Var[target − pred] / Var[target]: 1 is perfect, 0 is no better than a constant."""
-    var = float(np.var(target))
-    return float("nan") if var == 0.0 else 1.0 - float(np.var(target - pred)) / var
+def merge_moments(count: float, mean: torch.Tensor, m2: torch.Tensor, count_b: float, mean_b: torch.Tensor,
+                  m2_b: torch.Tensor) -> tuple[float, torch.Tensor, torch.Tensor]:
+    """Chan et al.'s parallel update: (count, mean, M2) of two sets pooled, M2 = Σ (x − mean)². count + count_b > 0."""
+    total = count + count_b
+    delta = mean_b - mean
+    return total, mean + delta * (count_b / total), m2 + m2_b + delta**2 * (count * count_b / total)
+
+
+def shifted_sums(x: torch.Tensor, weights: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """[3, D] float64: Σw, Σw·(x − shift), Σw·(x − shift)² over the leading dims of ``x`` [..., D].
+
+    Sums over any split of the data (microbatches, ranks) add up; :func:`moments_of_sums` turns them into
+    count, mean and M2 exactly. The shift (a mean every rank shares) keeps the squares from cancelling."""
+    x = x.reshape(-1, x.shape[-1]).double() - shift.double()
+    w = weights.reshape(-1, 1).double()
+    return torch.stack([w.sum().expand(x.shape[-1]), (w * x).sum(0), (w * x * x).sum(0)])
+
+
+def moments_of_sums(sums: torch.Tensor, shift: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(count, mean, M2) from :func:`shifted_sums`; Chan's pooled result, since M2 = Σ(x−s)² − n·(mean−s)²."""
+    n, s1, s2 = sums[0, 0], sums[1], sums[2]
+    d = s1 / n.clamp(min=1e-12)
+    return n, shift.double() + d, (s2 - n * d * d).clamp(min=0.0)
+
+
+def explained_variance(pred: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """1 − Var[target − pred] / Var[target] over the weighted steps: 1 is perfect, 0 is no better than a
+    constant; NaN when the target does not vary."""
+    _, _, v_t = _mean_var(target, weights)
+    _, _, v_e = _mean_var(target - pred, weights)
+    return torch.where(v_t > 0, 1.0 - v_e / v_t, torch.full_like(v_t, float("nan")))
+
+
+def _mean_var(x: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n, s1, s2 = weighted_sums(x, weights)
+    mean = s1 / n.clamp(min=1.0)
+    return n, mean, (s2 / n.clamp(min=1.0) - mean * mean).clamp(min=0.0)
 
 
 def linear_schedule(start: float, end: float, steps: int, step: int) -> float:

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from rapid.opt import losses
+
 NEG_INF = -1e9
 
 
@@ -37,18 +39,22 @@ class RunningNorm(nn.Module):
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
         x = x.reshape(-1, x.shape[-1]).double()
-        self.update_moments(x.mean(0), x.var(0, unbiased=False), x.shape[0])
+        self.set(*self.merged(x.mean(0), x.var(0, unbiased=False), x.shape[0]))
 
     @torch.no_grad()
-    def update_moments(self, batch_mean: torch.Tensor, batch_var: torch.Tensor, n: int) -> None:
-        if n == 0:
-            return
-        batch_mean, batch_var = batch_mean.double(), batch_var.double()
-        total = self.count + n
-        delta = batch_mean - self.mean
-        self.mean += delta * n / total
-        self.var.copy_((self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total)
-        self.count.copy_(total)
+    def merged(self, batch_mean: torch.Tensor, batch_var: torch.Tensor, n: torch.Tensor | float
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(count, mean, var) after pooling with a batch of n observations; the buffers are not changed."""
+        n = torch.as_tensor(n, dtype=torch.float64, device=self.mean.device)
+        count, mean, m2 = losses.merge_moments(self.count, self.mean, self.var * self.count, n,
+                                               batch_mean.double(), batch_var.double() * n)
+        return count, mean, m2 / count
+
+    @torch.no_grad()
+    def set(self, count: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> None:
+        self.count.copy_(count)
+        self.mean.copy_(mean)
+        self.var.copy_(var)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = (x - self.mean.float()) / (self.var.float().sqrt() + 1e-8)
@@ -88,7 +94,9 @@ class Policy(nn.Module):
         nn.init.zeros_(self.value_head.bias)
 
     def initial_state(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.zeros(n, self.lstm_size), torch.zeros(n, self.lstm_size)
+        """Zero state for n agents, on the model's device."""
+        device = self.return_scale.device
+        return torch.zeros(n, self.lstm_size, device=device), torch.zeros(n, self.lstm_size, device=device)
 
     def _core(self, obs, state):
         h, c = self.lstm(self.encoder(self.obs_norm(obs)), state)

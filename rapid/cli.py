@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("config", help="show the effective configuration")
     p.add_argument("action", choices=["show"])
     _config_args(p)
+    p.add_argument("--doc", action="store_true", help="every field with its type, value, default and doc")
 
     p = sub.add_parser("eval", help="play a params version against a baseline and print the win rate")
     _run_dir_arg(p, required=True)
@@ -138,8 +139,10 @@ def _fresh_run_dir(name: str) -> str:
 
 def cmd_config(args) -> int:
     from rapid.config import to_toml
+    from rapid.config_schema import describe
 
-    sys.stdout.write(to_toml(load(args)))
+    cfg = load(args)
+    sys.stdout.write(describe(cfg) if args.doc else to_toml(cfg))
     return 0
 
 

@@ -1,11 +1,15 @@
 """Typed run configuration: one dataclass per section, loaded from TOML, overridden from the command line,
-validated once at start-up with every error reported together (SPEC §8 defaults).
+validated once at start-up with every error reported together (the env's options included, against the
+options type the env declares). Every field is documented below it; `rapid config show --doc` prints them all.
 
-Usage::
-
-    cfg = load_config("configs/connect4.toml", overrides=["ppo.lr=3e-4"])   # raises UsageError
-    cfg.ppo.lr, cfg.derived.gamma
-    print(to_toml(cfg))
+>>> cfg = load_config("configs/default.toml", overrides=["ppo.lr=3e-4"])
+>>> cfg.ppo.lr, cfg.derive().gamma
+(0.0003, 0.98)
+>>> load_config(None, ["env.name=moba", "env.options.heros_per_side=2"])
+Traceback (most recent call last):
+rapid.errors.UsageError: invalid config: env.options.heros_per_side: unknown option of moba
+>>> "[ppo]" in to_toml(cfg)
+True
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 import tomli_w
 import tomllib
 
+from rapid.config_schema import convert, env_options
 from rapid.errors import UsageError
 
 
@@ -49,7 +54,8 @@ class EnvConfig:
     num_games: int = 64
     """Games stepped together by each rollout worker (B)."""
     options: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments for the game's constructor."""
+    """The game's options (keyword arguments of its constructor), checked at load against the options type the
+    env declares: for moba, :class:`rapid.envs.moba.MobaConfig`; `rapid config show --doc` lists them."""
 
 
 @dataclass
@@ -65,21 +71,29 @@ class ModelConfig:
 @dataclass
 class PPOConfig:
     lr: float = 3e-4
+    """Adam learning rate."""
     clip: float = 0.2
     """PPO ratio clip."""
     gae_lambda: float = 0.95
+    """GAE λ: 0 is one-step TD, 1 is the Monte-Carlo return."""
     horizon_s: float = 100.0
     """Reward horizon in game seconds; gamma = 1 - seconds_per_step / horizon_s."""
     value_coef: float = 0.5
+    """Weight of the value loss in the total loss."""
     entropy_coef: float = 0.01
     """Entropy bonus at the start of training."""
     entropy_final: float = -1.0
     """Entropy bonus at entropy_anneal_updates, linearly (negative: same as entropy_coef)."""
     entropy_anneal_updates: int = 0
+    """Updates over which the entropy bonus goes from entropy_coef to entropy_final (0: constant)."""
     max_grad_norm: float = 5.0
+    """Gradients are clipped to this global norm."""
     adam_beta1: float = 0.9
+    """Adam's first-moment decay."""
     adam_beta2: float = 0.999
+    """Adam's second-moment decay."""
     adam_eps: float = 1e-5
+    """Adam's denominator epsilon."""
     team_spirit: float = 0.3
     """0: each agent's own reward; 1: its team's mean reward."""
     zero_sum: bool = True
@@ -105,6 +119,7 @@ class RolloutConfig:
     worker_id: str = ""
     """Worker name in keys and metrics (empty: from MPI rank or 'w<pid>')."""
     torch_threads: int = 1
+    """Torch CPU threads of a rollout worker (workers scale by process, not by thread)."""
 
 
 @dataclass
@@ -124,11 +139,13 @@ class OptimizerConfig:
     checkpoint_every: int = 50
     """Checkpoint every this many updates (and at the end)."""
     keep_checkpoints: int = 3
+    """Checkpoints kept in the store; older ones are deleted."""
     poll_s: float = 0.5
     """Seconds between listings of new experience objects."""
     device: str = "auto"
     """'auto' (CUDA local rank when present), 'cpu' or 'cuda'."""
     torch_threads: int = 1
+    """Torch CPU threads of an optimizer rank."""
 
 
 @dataclass
@@ -143,9 +160,11 @@ class LeagueConfig:
     scheme: str = "openai_five"
     """'openai_five' (p ∝ exp(q)) or 'pfsp' (prioritized fictitious self-play)."""
     pfsp_power: float = 2.0
+    """PFSP weighting exponent p: a past policy is picked ∝ (1 - win rate against it)^p."""
     bot_prob: float = 0.0
     """Share of all games against scripted bots (those in ``bots``), taken first."""
     bots: list[str] = field(default_factory=list)
+    """Scripted bots of the env that join the pool (e.g. ['random', 'lane'])."""
     refresh_s: float = 30.0
     """Seconds between pool re-reads in rollout workers."""
 
@@ -155,6 +174,7 @@ class EvalConfig:
     interval_s: float = 20.0
     """Seconds between evaluations during `rapid train` (0: no evaluator)."""
     games: int = 200
+    """Games per evaluation."""
     opponent: str = "random"
     """Baseline for the progress display and target_win_rate: a bot name."""
 
@@ -166,6 +186,7 @@ class StoreConfig:
     endpoint_url: str = ""
     """S3 endpoint override (empty: AWS_ENDPOINT_URL or AWS's default)."""
     region: str = ""
+    """S3 region (empty: the AWS default)."""
     max_attempts: int = 10
     """Attempts per S3 request (botocore standard retry mode)."""
     retention_s: float = 600.0
@@ -175,9 +196,11 @@ class StoreConfig:
 @dataclass
 class MetricsConfig:
     enabled: bool = True
+    """Serve Prometheus /metrics from every process."""
     base_port: int = 0
     """First Prometheus port; a process serves on base_port + local rank (0: any free port)."""
     addr: str = "127.0.0.1"
+    """Address the /metrics servers listen on (0.0.0.0: reachable from other machines)."""
 
 
 @dataclass
@@ -214,31 +237,6 @@ class Config:
 
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}
-
-
-def _check_type(value: Any, hint: Any) -> Any:
-    """``value`` converted to ``hint`` if that is lossless, else TypeError."""
-    origin = typing.get_origin(hint)
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-    elif origin is list:
-        (item,) = typing.get_args(hint)
-        if isinstance(value, list):
-            return [_check_type(v, item) for v in value]
-    elif origin is dict:
-        if isinstance(value, dict):
-            return dict(value)
-    raise TypeError(f"expected {getattr(hint, '__name__', str(hint))}, got {type(value).__name__} {value!r}")
 
 
 def _parse_override(text: str) -> tuple[str, str, Any]:
@@ -280,7 +278,7 @@ def build_config(data: dict[str, Any]) -> Config:
                 errors.append(f"{name}.{key}: unknown key")
                 continue
             try:
-                kwargs[key] = _check_type(value, hints[key])
+                kwargs[key] = convert(value, hints[key])
             except TypeError as e:
                 errors.append(f"{name}.{key}: {e}")
         sections[name] = cls(**kwargs)
@@ -289,6 +287,9 @@ def build_config(data: dict[str, Any]) -> Config:
             errors.append(f"[{name}]: unknown section")
     cfg = Config(**sections)
     errors += validate(cfg)
+    if cfg.env.name and isinstance(cfg.env.options, dict):
+        cfg.env.options, option_errors = env_options(cfg.env.name, cfg.env.options)
+        errors += option_errors
     if errors:
         raise UsageError("invalid config: " + "; ".join(errors))
     return cfg

@@ -1,11 +1,18 @@
-"""The optimizer's loader thread: lists new experience objects, takes this rank's share, downloads,
-decodes and validates them into the buffer; bad objects are counted and skipped.
+"""The optimizer's loader thread: lists new experience objects, takes this rank's share, downloads them
+and has them decoded and validated (in worker processes when ``decode_workers`` > 0) into the buffer.
+
+Bad objects are counted and skipped: undecodable, invalid, or stamped with a policy version the optimizer
+has not reached yet (``current_version``). Their keys are remembered, so a poll never downloads or counts
+one twice, and retention deletes them like consumed ones. No exception ends the loader thread: each is
+counted, logged and skipped; if the thread dies anyway, ``failure`` says why and the role stops.
 
 Usage::
 
-    loader = ExperienceLoader(store, shape, buffer, rank=0, world=1, poll_s=0.5, retention_s=600)
+    loader = ExperienceLoader(store, shape, buffer, rank=0, world=1, poll_s=0.5, retention_s=600,
+                              decode_workers=2, current_version=lambda: version)
     loader.start()
     episodes = loader.take_episodes()      # finished games reported with the experience
+    loader.failure                         # None while the thread runs (or was stopped)
     loader.stop()
 """
 
@@ -16,10 +23,11 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from rapid.errors import FormatError
-from rapid.formats.experience import Shape, decode_experience
+from rapid.decode_pool import Decoded, DecodePool
+from rapid.formats.experience import Shape
 from rapid.infra.store import InvalidKey, KeyNotFound, Store, StoreError
 from rapid.opt.buffer import ExperienceBuffer
 
@@ -33,9 +41,10 @@ class LoaderStats:
     bytes: int = 0
     bad_objects: int = 0
     store_errors: int = 0
+    errors: int = 0
+    """Unexpected exceptions caught in the loader thread (each logged, the thread went on)."""
     deleted: int = 0
     env_steps: int = 0
-    download_s: float = 0.0
 
 
 def owner_rank(key: str, world: int) -> int:
@@ -48,14 +57,18 @@ def owner_rank(key: str, world: int) -> int:
 
 class ExperienceLoader:
     def __init__(self, store: Store, shape: Shape, buffer: ExperienceBuffer, rank: int = 0, world: int = 1,
-                 poll_s: float = 0.5, retention_s: float = 600.0, on_bad=None, on_load=None):
+                 poll_s: float = 0.5, retention_s: float = 600.0, on_bad=None, on_load=None,
+                 decode_workers: int = 0, current_version: Callable[[], int] | None = None):
         self.store, self.shape, self.buffer = store, shape, buffer
         self.rank, self.world = rank, world
         self.poll_s, self.retention_s = poll_s, retention_s
         self.on_bad, self.on_load = on_bad, on_load
+        self.current_version = current_version
+        self.decoder = DecodePool(shape, decode_workers)
         self.stats = LoaderStats()
+        self.failure: str | None = None
         self._seen: set[str] = set()
-        self._loaded_at: deque[tuple[float, str]] = deque()
+        self._done_at: deque[tuple[float, str]] = deque()
         self._episodes: list[dict] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -66,7 +79,9 @@ class ExperienceLoader:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=30)
+        if self._thread.ident is not None:
+            self._thread.join(timeout=30)
+        self.decoder.close()
 
     def take_episodes(self) -> list[dict]:
         with self._lock:
@@ -74,84 +89,112 @@ class ExperienceLoader:
         return out
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.poll_once()
-            except StoreError as e:
-                self.stats.store_errors += 1
-                log.warning("listing experience failed: %s", e)
-            self._stop.wait(self.poll_s)
+        try:
+            while not self._stop.is_set():
+                try:
+                    self.poll_once()
+                except StoreError as e:
+                    self.stats.store_errors += 1
+                    log.warning("listing experience failed: %s", e)
+                except Exception as e:  # MemoryError included: count, log, go on
+                    self.stats.errors += 1
+                    log.error("loader: unexpected %s, going on: %s", type(e).__name__, e)
+                self._stop.wait(self.poll_s)
+        finally:
+            if not self._stop.is_set():
+                self.failure = "the experience loader thread ended unexpectedly"
 
     def poll_once(self) -> int:
         """Load every new object of this rank's share; returns how many were loaded."""
         loaded = 0
+        pending: deque = deque()
         for key in self.store.list("experience/"):
             if key in self._seen or owner_rank(key, self.world) != self.rank or not key.endswith(".rxp"):
                 continue
             if self._stop.is_set():
                 break
-            loaded += self._load(key)
+            self._seen.add(key)
+            try:
+                started = self._start(key)
+            except Exception as e:  # one object's trouble, whatever it is, costs that object only
+                self.stats.errors += 1
+                self._bad(key, f"unexpected {type(e).__name__}: {e}")
+                continue
+            if started:
+                pending.append(started)
+            while len(pending) >= self.decoder.max_pending:
+                loaded += self._finish(*pending.popleft())
+        while pending:
+            loaded += self._finish(*pending.popleft())
         self._expire()
         return loaded
 
-    def _load(self, key: str) -> int:
+    def _start(self, key: str):
+        """Download ``key`` and hand it to a decoder: (key, size, seconds, future), or None."""
         t0 = time.perf_counter()
         try:
             data = self.store.get(key)
         except KeyNotFound:
-            self._seen.add(key)  # deleted by retention elsewhere
-            return 0
+            return None  # deleted by retention elsewhere
         except InvalidKey as e:
             # A listed name the store refuses to read (odd characters put there behind rapid's back):
             # a bad object like any other, not a reason for the loader thread to die.
-            self._seen.add(key)
-            return self._bad(key, str(e))
+            self._bad(key, str(e))
+            return None
         except StoreError as e:
             self.stats.store_errors += 1
+            self._seen.discard(key)  # try again next poll
             log.warning("download of %s failed: %s", key, e)
-            return 0
-        seconds = time.perf_counter() - t0
-        self._seen.add(key)
+            return None
+        return key, len(data), time.perf_counter() - t0, self.decoder.submit(data)
+
+    def _finish(self, key: str, size: int, seconds: float, future) -> int:
         try:
-            batch = decode_experience(data, self.shape)
-        except FormatError as e:
-            return self._bad(key, str(e))
-        self.buffer.add(batch.arrays)
+            result = self.decoder.result(future)
+            if not isinstance(result, Decoded):
+                return self._bad(key, result.why)
+            if self.current_version is not None and result.max_version > self.current_version():
+                return self._bad(key, f"future policy version {result.max_version} "
+                                      f"(the optimizer is at {self.current_version()})")
+            self.buffer.add(result.arrays)
+        except Exception as e:
+            self.stats.errors += 1
+            return self._bad(key, f"unexpected {type(e).__name__}: {e}")
         self.stats.objects += 1
-        self.stats.samples += batch.num_samples
-        self.stats.bytes += len(data)
-        self.stats.env_steps += batch.env_steps
-        self.stats.download_s += seconds
+        self.stats.samples += result.num_samples
+        self.stats.bytes += size
+        self.stats.env_steps += result.env_steps
         with self._lock:
-            self._episodes.extend(batch.episodes)
-        self._loaded_at.append((time.time(), key))
+            self._episodes.extend(result.episodes)
+        self._done_at.append((time.time(), key))
         if self.on_load:
-            self.on_load(batch.num_samples, len(data), seconds)
+            self.on_load(result.num_samples, size, seconds)
         return 1
 
     def _bad(self, key: str, why: str) -> int:
         self.stats.bad_objects += 1
+        self._done_at.append((time.time(), key))  # retention removes it like a consumed object
         log.warning("skipping bad experience object %r: %s", key, why)
         if self.on_bad:
             self.on_bad(key, why)
         return 0
 
     def _expire(self) -> None:
-        """Delete loaded objects older than the retention time: a long run must not fill the bucket."""
+        """Delete objects (loaded or bad) older than the retention time: a long run must not fill the bucket."""
         if self.retention_s <= 0:
             return
         cutoff = time.time() - self.retention_s
         removed = 0
-        while self._loaded_at and self._loaded_at[0][0] < cutoff:
-            _, key = self._loaded_at.popleft()
+        while self._done_at and self._done_at[0][0] < cutoff:
+            _, key = self._done_at.popleft()
             try:
                 self.store.delete(key)
                 self.stats.deleted += 1
                 removed += 1
                 self._seen.discard(key)
-            except StoreError as e:
+            except (StoreError, InvalidKey) as e:
                 self.stats.store_errors += 1
                 log.warning("retention could not delete %s: %s", key, e)
         if removed:
-            log.info("retention: deleted %d consumed experience object(s) older than %gs (%d in all)",
+            log.info("retention: deleted %d experience object(s) older than %gs (%d in all)",
                      removed, self.retention_s, self.stats.deleted)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from rapid.errors import FormatError
-from rapid.formats.params import ParamsObject, decode_params, encode_params
+from rapid.formats.params import LIMITS, ParamsObject, decode_params, encode_params
 from rapid.infra.store import KeyNotFound, Store
 from rapid.store_map import (
     PARAMS_LATEST,
@@ -54,7 +54,7 @@ class ParameterStore:
         return read_version_pointer(self.store, PARAMS_LATEST)
 
     def fetch(self, version: int) -> ParamsObject:
-        obj = decode_params(self.store.get(params_key(version)))
+        obj = decode_params(self.store.get(params_key(version), max_bytes=LIMITS.max_bytes))
         if obj.version != version:
             raise FormatError(f"{params_key(version)} holds version {obj.version}")
         return obj

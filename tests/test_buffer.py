@@ -45,8 +45,10 @@ def test_reuse_bound_blocks_sampling():
     s = buf.stats()
     assert s.consumed == 20 and s.reuse == 2.0
     buf.add(batch(5, version=0, start=10))                      # new data lifts the bound
-    assert buf.sample(10, 0, rng, max_reuse=2.0) is not None
-    assert buf.stats().reuse == 30 / 15
+    assert buf.sample(10, 0, rng, max_reuse=2.0) is None        # only 5 samples are below 2 uses
+    out, _ = buf.sample(5, 0, rng, max_reuse=2.0)
+    assert set(out["id"].tolist()) == set(range(10, 15))
+    assert buf.stats().reuse == 25 / 15
     # no bound: keeps sampling the same data
     for _ in range(5):
         assert buf.sample(10, 0, rng) is not None
@@ -116,3 +118,36 @@ def test_sample_waits_for_data_from_another_thread():
     out = buf.sample(3, 0, np.random.default_rng(0), timeout=30.0)
     t.join()
     assert out is not None and len(out[0]["id"]) == 3
+
+
+def test_max_reuse_bounds_each_sample_despite_wasted_samples():
+    """Issue 11 bug 3: samples evicted or gone stale before any use must not buy extra passes over the rest."""
+    rng = np.random.default_rng(4)
+    # gone stale unused, then fresh data: with max_reuse = 1 each fresh sample is drawn at most once
+    buf = ExperienceBuffer(capacity=100, max_staleness=1)
+    buf.add(batch(10, version=0, start=0))
+    buf.add(batch(10, version=2, start=10))
+    first, _ = buf.sample(10, 2, rng, max_reuse=1.0)
+    assert set(first["id"].tolist()) == set(range(10, 20)) and buf.stats().dropped_stale == 10
+    assert buf.sample(10, 2, rng, max_reuse=1.0) is None
+    assert buf.sample(1, 2, rng, max_reuse=1.0) is None
+    # evicted unused: the same
+    buf = ExperienceBuffer(capacity=10, max_staleness=10)
+    buf.add(batch(10, version=0, start=0))
+    buf.add(batch(10, version=0, start=10))
+    assert buf.stats().evicted_unused == 10
+    assert buf.sample(10, 0, rng, max_reuse=1.0) is not None
+    assert buf.sample(5, 0, rng, max_reuse=1.0) is None
+    s = buf.stats()
+    assert s.consumed == 10 and s.used == 10 and s.reuse == 10 / 20      # the true consumed / received
+
+
+def test_fractional_max_reuse_caps_each_sample_and_the_total():
+    rng = np.random.default_rng(5)
+    buf = ExperienceBuffer(capacity=100, max_staleness=10)
+    buf.add(batch(10, version=0))
+    uses = np.zeros(10, int)
+    while (got := buf.sample(5, 0, rng, max_reuse=1.5)) is not None:
+        uses[got[0]["id"]] += 1
+    assert uses.max() <= 2 and uses.sum() == 15 and (uses >= 1).all()     # least-used first: all once
+    assert buf.stats().used == 10 and buf.stats().unused == 0

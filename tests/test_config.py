@@ -52,14 +52,14 @@ def test_shipped_configs_are_valid():
 def test_toml_file_and_overrides(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('[ppo]\nlr = 1e-3\nclip = 0.1\n[env]\nname = "moba"\nnum_games = 8\n'
-                    '[env.options]\nheroes_per_side = 2\nmode = "fast"\n[league]\nbots = ["idle", "lane"]\n')
-    cfg = C.load_config(path, ["ppo.lr=3e-4", "env.options.x=3", "env.options.mode=slow", "run.name=demo",
+                    '[env.options]\nheroes_per_side = 2\nlanes = 3\n[league]\nbots = ["idle", "lane"]\n')
+    cfg = C.load_config(path, ["ppo.lr=3e-4", "env.options.max_seconds=120", "env.options.lanes=2", "run.name=demo",
                                "metrics.enabled=false", "ppo.zero_sum=true", "rollout.bptt=8", "ppo.horizon_s=50",
                                'run.dir="/tmp/r x"', "league.bots=[\"random\"]"])
     assert cfg.ppo.lr == 3e-4                      # override wins over the file
     assert cfg.ppo.clip == 0.1                     # file wins over the default
     assert cfg.env.name == "moba" and cfg.env.num_games == 8
-    assert cfg.env.options == {"heroes_per_side": 2, "mode": "slow", "x": 3}  # nested merge
+    assert cfg.env.options == {"heroes_per_side": 2, "lanes": 2, "max_seconds": 120.0}  # nested merge
     assert cfg.run.name == "demo"                  # a bare word is a string
     assert cfg.metrics.enabled is False and cfg.ppo.zero_sum is True
     assert cfg.rollout.bptt == 8 and isinstance(cfg.rollout.bptt, int)

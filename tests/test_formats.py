@@ -26,7 +26,7 @@ from rapid.param_store import ParameterStore
 
 torch.set_num_threads(1)
 
-SHAPE = Shape(bptt=4, obs_dim=5, mask_dim=7, heads=2, lstm=3)
+SHAPE = Shape(bptt=4, obs_dim=5, mask_dim=7, heads=2, lstm=3, head_sizes=(3, 4))
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -42,6 +42,8 @@ def make_arrays(shape: Shape = SHAPE, S: int = 3, seed: int = 0) -> dict[str, np
         else:
             out[name] = rng.integers(0, 3, size=full).astype(dtype)
     out["mask"][..., 0] = True
+    for h, offset in enumerate(np.cumsum((0, *shape.head_sizes[:-1]))):  # the taken actions are allowed
+        np.put_along_axis(out["mask"], offset + out["actions"][..., h:h + 1], True, axis=-1)
     out["opponent"] = np.array([0, 1, 0], np.int32)[:S]
     out["version"] = np.array([5, 6, 7], np.int64)[:S]
     return out
@@ -354,8 +356,8 @@ def test_experience_wrong_dtype_shape_missing_field(field):
 
 def test_experience_decoded_against_a_different_shape():
     data = encode_experience(make_batch())
-    for other in (Shape(5, 5, 7, 2, 3), Shape(4, 6, 7, 2, 3), Shape(4, 5, 8, 2, 3), Shape(4, 5, 7, 1, 3),
-                  Shape(4, 5, 7, 2, 4)):
+    for other in (Shape(5, 5, 7, 2, 3, (3, 4)), Shape(4, 6, 7, 2, 3, (3, 4)), Shape(4, 5, 8, 2, 3, (4, 4)),
+                  Shape(4, 5, 7, 1, 3), Shape(4, 5, 7, 2, 4, (3, 4))):
         assert_format_error(decode_experience, data, other)
 
 

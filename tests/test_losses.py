@@ -224,14 +224,81 @@ def test_normalize_advantages_weighted():
 
 def test_explained_variance():
     rng = np.random.default_rng(0)
-    target = rng.normal(size=1000)
-    assert losses.explained_variance(target, target) == pytest.approx(1.0)
-    assert losses.explained_variance(np.full_like(target, target.mean()), target) == pytest.approx(0.0, abs=1e-12)
-    noisy = target + rng.normal(size=1000) * 0.5
-    expected = 1 - np.var(target - noisy) / np.var(target)
-    assert losses.explained_variance(noisy, target) == pytest.approx(expected)
-    assert losses.explained_variance(-target, target) < 0  # worse than a constant
-    assert math.isnan(losses.explained_variance(target[:5], np.ones(5)))
+    target = torch.from_numpy(rng.normal(size=1000))
+    ones = torch.ones(1000, dtype=torch.float64)
+
+    def ev(pred, tgt, w=None):
+        return float(losses.explained_variance(pred, tgt, ones[:len(tgt)] if w is None else w))
+
+    assert ev(target, target) == pytest.approx(1.0)
+    assert ev(torch.full_like(target, float(target.mean())), target) == pytest.approx(0.0, abs=1e-12)
+    noisy = target + torch.from_numpy(rng.normal(size=1000)) * 0.5
+    expected = 1 - np.var((target - noisy).numpy()) / np.var(target.numpy())
+    assert ev(noisy, target) == pytest.approx(expected)
+    assert ev(-target, target) < 0  # worse than a constant
+    assert math.isnan(ev(target[:5], torch.ones(5, dtype=torch.float64)))
+    # only the weighted steps count: garbage where the weight is 0 changes nothing
+    w = (torch.arange(1000) % 3 != 0).double()
+    garbage = torch.where(w > 0, noisy, torch.full_like(noisy, 1e6))
+    kept = w > 0
+    assert ev(garbage, target, w) == pytest.approx(ev(noisy[kept], target[kept]), rel=1e-9)
+
+
+def test_weighted_sums_pooled_over_chunks_normalize_like_the_whole():
+    rng = np.random.default_rng(5)
+    adv = torch.from_numpy(rng.normal(2.0, 3.0, size=(8, 5)).astype(np.float32))
+    w = torch.from_numpy(rng.random((8, 5)) < 0.7).float()
+    pooled = losses.weighted_sums(adv[:3], w[:3]) + losses.weighted_sums(adv[3:], w[3:])
+    torch.testing.assert_close(losses.normalize_advantages(adv, w, pooled), losses.normalize_advantages(adv, w))
+
+
+def test_masked_mean_with_total_adds_up_over_chunks():
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    w = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0])
+    whole = losses.masked_mean(x, w)
+    parts = losses.masked_mean(x[:2], w[:2], total=4.0) + losses.masked_mean(x[2:], w[2:], total=4.0)
+    assert float(parts) == pytest.approx(float(whole)) == pytest.approx(13 / 4)
+
+
+@pytest.mark.parametrize("pred, old, target, expected", [
+    (1.0, 0.0, 1.0, 0.5 * 0.8**2),   # moved past the clip toward the target: the clipped error counts
+    (0.1, 0.0, 1.0, 0.5 * 0.9**2),   # inside the clip: plain error
+    (-1.0, 0.0, 1.0, 0.5 * 2.0**2),  # moved away from the target: the larger, unclipped error
+])
+def test_value_loss_clipped(pred, old, target, expected):
+    p, o, t, w = (torch.tensor([v], dtype=torch.float64) for v in (pred, old, target, 1.0))
+    assert float(losses.value_loss(p, t, w, old=o, clip=0.2)) == pytest.approx(expected)
+    assert float(losses.value_loss(p, t, w, old=o, clip=0.0)) == pytest.approx(0.5 * (pred - target) ** 2)
+
+
+def test_merge_moments_is_the_pooled_mean_and_variance():
+    rng = np.random.default_rng(6)
+    a, b = rng.normal(0.0, 1.0, size=(512, 3)), rng.normal(4.0, 1.0, size=(512, 3))
+    n, mean, m2 = losses.merge_moments(512.0, torch.from_numpy(a.mean(0)), torch.from_numpy(a.var(0) * 512),
+                                       512.0, torch.from_numpy(b.mean(0)), torch.from_numpy(b.var(0) * 512))
+    both = np.concatenate([a, b])
+    assert n == 1024
+    np.testing.assert_allclose(mean.numpy(), both.mean(0), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose((m2 / n).numpy(), both.var(0), rtol=1e-12)
+    assert (m2 / n).numpy() == pytest.approx(5.0, abs=0.3)  # 1 within each, 4 between the centres 0 and 4
+
+
+def test_shifted_sums_of_two_ranks_give_pooled_moments():
+    """Sums from ranks centred at 0 and 4, added (or averaged, as all_reduce_scalars does), give the pooled
+    count, mean and variance exactly: the spread between the rank means is kept."""
+    rng = np.random.default_rng(7)
+    a, b = rng.normal(0.0, 1.0, size=(512, 2)), rng.normal(4.0, 1.0, size=(512, 2))
+    shift = torch.tensor([0.3, -0.2], dtype=torch.float64)
+    sums = [losses.shifted_sums(torch.from_numpy(x), torch.ones(512), shift) for x in (a, b)]
+    both = np.concatenate([a, b])
+    n, mean, m2 = losses.moments_of_sums(sums[0] + sums[1], shift)
+    assert float(n) == 1024
+    np.testing.assert_allclose(mean.numpy(), both.mean(0), rtol=1e-12)
+    np.testing.assert_allclose((m2 / n).numpy(), both.var(0), rtol=1e-10)
+    n_avg, mean_avg, m2_avg = losses.moments_of_sums((sums[0] + sums[1]) / 2, shift)
+    assert float(n_avg) == 512  # a mean over ranks: the caller multiplies the count by the world size
+    np.testing.assert_allclose(mean_avg.numpy(), both.mean(0), rtol=1e-12)
+    np.testing.assert_allclose((m2_avg / n_avg).numpy(), both.var(0), rtol=1e-10)
 
 
 def test_linear_schedule():

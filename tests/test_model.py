@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from rapid.opt.model import Policy, RunningNorm
+from tests.learner_data import make_policy as played_policy
+from tests.learner_data import played_batch
 
 torch.set_num_threads(1)
 
@@ -226,3 +228,53 @@ def test_act_state_advances_and_value_does_not():
     v = policy.value(obs, state)
     torch.testing.assert_close(v, out.value)
     assert math.isfinite(float(v.sum()))
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_worker_and_learner_log_probs_agree_across_devices(device):
+    """Workers act on CPU, the learner evaluates on its device: the same log-probs and values."""
+    worker = played_policy(3)
+    batch = played_batch(worker, S=10, T=9, seed=3, reset_prob=0.2)
+    learner_policy = played_policy(3, device)
+    on = {k: torch.from_numpy(batch[k]).to(device) for k in ("obs", "mask", "actions", "h0", "c0", "first")}
+    logp, _, value = learner_policy.evaluate(on["obs"], on["mask"], on["actions"], on["h0"], on["c0"], on["first"])
+    assert logp.device.type == device
+    np.testing.assert_allclose(logp.detach().cpu().numpy(), batch["logp"], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(value.detach().cpu().numpy() * float(learner_policy.return_scale), batch["values"],
+                               rtol=1e-4, atol=1e-4)
+    # acting on the device gives what the CPU worker gave
+    on_device = played_batch(played_policy(3, device), S=10, T=9, seed=3, reset_prob=0.2)
+    np.testing.assert_array_equal(on_device["first"], batch["first"])
+    np.testing.assert_allclose(on_device["values"], batch["values"], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_running_norm_on_device(device):
+    rng = np.random.default_rng(8)
+    norm = RunningNorm(3, clip=5.0).to(device)
+    x = rng.normal(2.0, 3.0, size=(200, 3))
+    norm.update(torch.from_numpy(x).to(device))
+    count, mean, var = norm.merged(torch.zeros(3, dtype=torch.float64, device=device),
+                                   torch.ones(3, dtype=torch.float64, device=device), 50)
+    assert {t.device.type for t in (norm.mean, norm.var, norm.count, count, mean, var)} == {device}
+    np.testing.assert_allclose(norm.mean.cpu().numpy(), x.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(norm.var.cpu().numpy(), x.var(0), rtol=1e-5)
+    assert norm(torch.zeros(4, 3, device=device)).device.type == device
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tensors_round_trip_from_a_device_policy(device):
+    src = make_policy(6).to(device)
+    tensors = src.tensors()
+    assert all(isinstance(v, np.ndarray) for v in tensors.values())  # plain CPU arrays for publish/checkpoint
+    on_cpu = Policy(OBS, HEADS, hidden=16, encoder_layers=2, lstm=LSTM)
+    on_cpu.load_tensors(tensors)
+    back = Policy(OBS, HEADS, hidden=16, encoder_layers=2, lstm=LSTM).to(device)
+    back.load_tensors(tensors)
+    assert {p.device.type for p in [*back.parameters(), *back.buffers()]} == {device}
+    obs = torch.randn(5, OBS)
+    torch.testing.assert_close(back.value(obs.to(device), back.initial_state(5)).cpu(),
+                               on_cpu.value(obs, on_cpu.initial_state(5)), rtol=1e-5, atol=1e-5)

@@ -122,6 +122,7 @@ def test_tiny_parallel_env_sides_masks_heads_and_deaths():
         if game_t < 5:
             assert step.active[:, :3].all()
             assert step.active[:, 3].tolist() == [game_t < 2] * 2, "a dead agent is inactive"
+            assert step.obs[:, 3].any(-1).tolist() == [game_t < 2] * 2, "a dead agent's row shows zeros"
             np.testing.assert_allclose(step.obs[:, 0], game_t + 1)
     assert len(eps) == 4
     for ep in eps:
@@ -161,3 +162,42 @@ def test_deterministic_under_seed():
         return np.stack(obs)
 
     np.testing.assert_array_equal(run(1), run(1))
+
+
+TINY_AEC = "tests.pz_tiny_aec"
+
+
+def test_turn_based_eliminated_player_is_inactive():
+    """Three players take turns; player_1 is knocked out on its first move. From then on only the live player
+    to move is active, the dead step PettingZoo asks for is taken inside the adapter, and the eliminated
+    player's row shows no stale observation."""
+    env = PettingZooVecEnv(TINY_AEC, num_games=2, seed=0, options={"length": 7})
+    assert env.spec.side_of_agent == (0, 1, 1)
+    step = env.reset()
+    bot = RandomBot(env.spec, seed=0)
+    movers, eps, p1_rewards = [], [], 0.0
+    for _ in range(20):
+        assert (step.active.sum(1) == 1).all(), f"exactly one player moves per game per step: {step.active}"
+        for b, game in enumerate(env.games):
+            agent = game.agent_selection
+            assert not game.terminations[agent], "a dead player is never asked to move"
+            assert step.active[b, env.index[agent]]
+        movers.append(int(np.flatnonzero(step.active[0])[0]))
+        step = env.step(bot.act(step))
+        if not eps:
+            p1_rewards += float(step.rewards[0, 1])
+            if 1 in movers and not step.done[0]:
+                assert not step.obs[0, 1].any(), "the eliminated player's row is cleared"
+        eps += [e for e in step.episodes if e.game == 0]
+    assert movers[:9] == [0, 1, 2, 0, 2, 0, 2, 0, 1], "player_1 moves once a game, then only 0 and 2 take turns"
+    assert eps[0].length == 7 and eps[0].side_returns == (1.0, -1.0) and eps[0].winner == 0
+    assert p1_rewards == -1.0
+
+
+def test_turn_based_discount_is_per_round():
+    """One step of a turn-based game is one player's move: a round of moves is one second of game time, so
+    gamma from the horizon discounts once per round of turns, not once per move."""
+    env = PettingZooVecEnv("pettingzoo.classic.connect_four_v3", num_games=1)
+    assert env.spec.seconds_per_step == 0.5
+    assert PettingZooVecEnv(TINY_AEC, num_games=1).spec.seconds_per_step == 1 / 3
+    assert PettingZooVecEnv(TINY, num_games=1).spec.seconds_per_step == 1.0

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from rapid.infra.s3 import MiB, S3Store
-from rapid.infra.store import InvalidKey, KeyNotFound, StoreError, open_store
+from rapid.infra.store import InvalidKey, KeyNotFound, ObjectTooLarge, StoreError, open_store
 from tests.s3_server import free_port, s3_server, s3_store  # noqa: F401  (fixtures)
 
 
@@ -189,3 +189,41 @@ def test_bad_client_settings_are_store_errors(monkeypatch, tmp_path):
     for options in ({"profile": "no-such-profile"}, {"endpoint_url": "not a url"}):
         with pytest.raises(StoreError):
             S3Store("s3://bucket/run", **options)
+
+
+def test_get_reads_no_more_than_max_bytes(s3_store):
+    s3_store.put("experience/w0/1.rxp", b"x" * 1000)
+    assert s3_store.get("experience/w0/1.rxp", max_bytes=1000) == b"x" * 1000
+    with pytest.raises(ObjectTooLarge, match="1000 bytes"):
+        s3_store.get("experience/w0/1.rxp", max_bytes=999)  # refused on Content-Length, body not read
+    with pytest.raises(KeyNotFound):
+        s3_store.get("experience/w0/2.rxp", max_bytes=10)
+
+
+def test_no_log_level_prints_a_credential(s3_server, tmp_path):
+    """A role at RAPID_LOG_LEVEL=DEBUG talking to S3: the key id, session token and signatures never
+    reach the log (botocore prints whole signed requests at DEBUG)."""
+    import subprocess
+    import sys
+
+    key_id, token = "AKIACANARY0123456789", "CANARYSESSIONTOKEN" + "x" * 40
+    code = f"""
+from rapid.roles.startup import setup_logging
+from rapid.infra.s3 import S3Store
+log = setup_logging("rollout")
+log.debug("debug logging is on")
+store = S3Store("s3://creds-bucket/run", endpoint_url={s3_server!r}, create_bucket=True)
+store.put("params/000000000001.rpm", b"x" * 100)
+store.get("params/000000000001.rpm")
+store.list("params/")
+store.delete("params/000000000001.rpm")
+"""
+    env = {**os.environ, "RAPID_LOG_LEVEL": "DEBUG", "AWS_ACCESS_KEY_ID": key_id,
+           "AWS_SECRET_ACCESS_KEY": "canary-secret", "AWS_SESSION_TOKEN": token, "AWS_DEFAULT_REGION": "us-east-1"}
+    env.pop("AWS_PROFILE", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    logs = out.stdout + out.stderr
+    assert out.returncode == 0, logs[-2000:]
+    assert "debug logging is on" in logs  # DEBUG was really on
+    for secret in (key_id, token, "canary-secret", "Signature=", "X-Amz-Security-Token"):
+        assert secret not in logs, f"{secret!r} printed in the log"

@@ -7,7 +7,16 @@ import threading
 
 import pytest
 
-from rapid.infra.store import InvalidKey, KeyNotFound, LocalStore, open_store, validate_key
+from rapid.infra.store import (
+    BadObject,
+    InvalidKey,
+    KeyNotFound,
+    LocalStore,
+    ObjectTooLarge,
+    StoreError,
+    open_store,
+    validate_key,
+)
 
 
 def tree_of(path) -> set[str]:
@@ -201,3 +210,105 @@ def test_open_store(tmp_path):
     for url in ("ftp://host/x", "http://example.com/bucket", "gs://bucket/x", "s4://b"):
         with pytest.raises(ValueError, match="scheme"):
             open_store(url)
+
+
+# --- hostile files put in the folder behind the store's back -----------------------------------------------
+
+def isolated_get(root, key: str, max_bytes: int | None = None, timeout: float = 20.0) -> str:
+    """``LocalStore(root).get(key)`` in a child with 1 GiB of address space and a time limit (a FIFO
+    or /dev/zero must neither block nor exhaust this test run): the name of the exception raised."""
+    import subprocess
+    import sys
+
+    code = f"""
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from rapid.infra.store import LocalStore
+try:
+    LocalStore({str(root)!r}).get({key!r}{'' if max_bytes is None else f', max_bytes={max_bytes}'})
+    print("read")
+except Exception as e:
+    print(type(e).__name__)
+"""
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "blocked"
+    return out.stdout.strip() or out.stderr.strip().splitlines()[-1]
+
+
+def test_fifo_named_like_an_object_neither_blocks_nor_is_listed(tmp_path):
+    s = LocalStore(tmp_path)
+    s.put("experience/w0/1.rxp", b"ok")
+    os.mkfifo(tmp_path / "experience" / "w0" / "2.rxp")
+    assert s.list("experience/") == ["experience/w0/1.rxp"]
+    assert isolated_get(tmp_path, "experience/w0/2.rxp", timeout=10) == "BadObject"
+
+
+def test_link_to_dev_zero_is_refused_not_read(tmp_path):
+    s = LocalStore(tmp_path)
+    s.put("experience/w0/1.rxp", b"ok")
+    os.symlink("/dev/zero", tmp_path / "experience" / "w0" / "0.rxp")
+    assert s.list("experience/") == ["experience/w0/1.rxp"]
+    assert isolated_get(tmp_path, "experience/w0/0.rxp") == "BadObject"
+
+
+def test_size_is_checked_before_reading(tmp_path):
+    s = LocalStore(tmp_path)
+    with open(tmp_path / "big.rxp", "wb") as f:
+        f.truncate(8 << 30)  # an 8 GB sparse file: takes no disk, would take 8 GB of memory
+    assert isolated_get(tmp_path, "big.rxp") == "ObjectTooLarge"
+    assert isolated_get(tmp_path, "big.rxp", max_bytes=1 << 20) == "ObjectTooLarge"
+    s.put("small", b"x" * 100)
+    assert s.get("small", max_bytes=100) == b"x" * 100
+    with pytest.raises(ObjectTooLarge):
+        s.get("small", max_bytes=99)
+    assert issubclass(ObjectTooLarge, BadObject) and issubclass(BadObject, StoreError)
+
+
+def test_symlinked_folder_out_of_the_root_is_never_followed(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "1.rxp").write_bytes(b"precious")
+    s = LocalStore(tmp_path / "root")
+    s.put("experience/w0/1.rxp", b"mine")
+    os.symlink(outside, tmp_path / "root" / "experience" / "evil")
+    os.symlink(outside, tmp_path / "root" / "params")
+    assert s.list() == ["experience/w0/1.rxp"]
+    assert s.list("experience/evil/") == [] and s.list("params/") == []
+    for op in (lambda: s.get("experience/evil/1.rxp"), lambda: s.delete("experience/evil/1.rxp"),
+               lambda: s.put("experience/evil/2.rxp", b"x"), lambda: s.put_if_absent("params/3.rpm", b"x"),
+               lambda: s.delete("params/1.rxp")):
+        with pytest.raises(BadObject):
+            op()
+    assert sorted(os.listdir(outside)) == ["1.rxp"] and (outside / "1.rxp").read_bytes() == b"precious"
+
+
+def test_symlinked_file_out_of_the_root_is_not_read_and_delete_removes_only_the_link(tmp_path):
+    outside = tmp_path / "secret.txt"
+    outside.write_bytes(b"secret")
+    s = LocalStore(tmp_path / "root")
+    s.put("experience/w0/1.rxp", b"mine")
+    os.symlink(outside, tmp_path / "root" / "experience" / "w0" / "2.rxp")
+    assert s.list() == ["experience/w0/1.rxp"] and not s.exists("experience/w0/2.rxp")
+    with pytest.raises(BadObject):
+        s.get("experience/w0/2.rxp")
+    s.delete("experience/w0/2.rxp")
+    assert outside.read_bytes() == b"secret" and not (tmp_path / "root" / "experience" / "w0" / "2.rxp").exists()
+
+
+def test_killed_writes_temp_files_are_removed_by_age(tmp_path):
+    import time
+
+    from rapid.infra.store import TEMP_MAX_AGE_S
+
+    s = LocalStore(tmp_path)
+    s.put("experience/w0/1.rxp", b"x")
+    folder = tmp_path / "experience" / "w0"
+    old, fresh = folder / ".tmp-killed.part", folder / ".tmp-writing.part"
+    old.write_bytes(b"partial")
+    fresh.write_bytes(b"partial")
+    long_ago = time.time() - TEMP_MAX_AGE_S - 60
+    os.utime(old, (long_ago, long_ago))
+    assert s.list("experience/") == ["experience/w0/1.rxp"]
+    assert not old.exists() and fresh.exists()  # a live write's temp file is left alone

@@ -25,9 +25,13 @@ class MobaConfig:
 
     # --- match shape
     heroes_per_side: int = 1
+    """Heroes on each side (1..5); each hero is one agent."""
     lanes: int = 1
+    """Lanes (1..3), each with its own towers and creep waves."""
     max_seconds: float = 300.0
+    """Game time limit; a game cut there is won by the side whose structures keep more HP."""
     seconds_per_step: float = 0.5
+    """Game time one env step covers (the env spec's seconds_per_step)."""
     k_creeps: int = 4
     """Nearest creeps of each side in a hero's observation and target slots."""
 
@@ -35,9 +39,13 @@ class MobaConfig:
     reward_win: float = 1.0
     """Added for a win, subtracted for a loss; nothing for a draw."""
     reward_kill: float = 0.2
+    """For killing an enemy hero (last hit)."""
     reward_death: float = -0.2
+    """For dying."""
     reward_last_hit: float = 0.04
+    """For the last hit on an enemy creep."""
     reward_deny: float = 0.02
+    """For the last hit on an allied creep (a deny)."""
     reward_tower_damage: float = 0.5
     """Per full structure's worth of HP this hero dealt to enemy towers/ancient."""
     reward_tower_kill: float = 0.3
@@ -46,85 +54,141 @@ class MobaConfig:
     """Per full structure's worth of HP the enemy side lost this tick to anyone (creeps too), to every hero of
     the side: the time-limit win condition as a dense signal."""
     reward_gold: float = 0.0
+    """Per gold earned."""
     reward_xp: float = 0.0
+    """Per XP earned."""
 
     # --- map
     map_length: float = 100.0
+    """Length of a lane, from one side's base edge to the other's."""
     lane_spacing: float = 25.0
+    """Distance between neighbouring lanes."""
     tower_x: tuple[float, float] = (30.0, 16.0)
     """Distance from the own base edge of the outer (tier 1) and inner (tier 2) tower."""
     ancient_x: float = 6.0
+    """Distance of the ancient from the own base edge; the fountain heals within it."""
     fountain_x: float = 1.0
+    """Distance from the own base edge where heroes spawn and respawn."""
     fountain_heal: float = 0.1
     """Fraction of max HP and mana regained per second within ``ancient_x`` of the own edge."""
 
     # --- heroes
     hero_hp: float = 500.0
+    """Hero max HP at level 1…"""
     hero_hp_per_level: float = 60.0
+    """…plus this per level above 1."""
     hero_mana: float = 200.0
+    """Hero max mana at level 1…"""
     hero_mana_per_level: float = 20.0
+    """…plus this per level above 1."""
     hero_hp_regen: float = 2.0
+    """HP regained per second."""
     hero_mana_regen: float = 2.0
+    """Mana regained per second."""
     hero_damage: float = 36.0
+    """Hero attack damage at level 1…"""
     hero_damage_per_level: float = 4.0
+    """…plus this per level above 1."""
     hero_damage_per_gold: float = 0.02
     """Items, abstracted: gold raises attack damage…"""
     hero_damage_gold_cap: float = 40.0
     """…by at most this much."""
     hero_range: float = 6.0
+    """Hero attack range."""
     hero_cooldown: float = 1.0
+    """Seconds between a hero's attacks."""
     hero_speed: float = 6.0
+    """Hero move speed, map units per second."""
     hero_sight: float = 20.0
+    """How far a hero sees (units beyond are hidden from its side)."""
     max_level: int = 10
+    """Highest hero level."""
     xp_per_level: float = 120.0
     """Level l needs ``xp_per_level * l * (l - 1) / 2`` XP in total."""
     respawn_base: float = 4.0
+    """Seconds a dead hero waits to respawn…"""
     respawn_per_level: float = 2.0
+    """…plus this per level."""
     xp_radius: float = 16.0
+    """Heroes within this distance of a dying enemy unit share its XP."""
 
     # --- abilities: nuke (damage an enemy), stun (damage and stun an enemy hero), heal (an ally hero)
     nuke_damage: float = 90.0
+    """Nuke damage at level 1…"""
     nuke_damage_per_level: float = 15.0
+    """…plus this per level above 1."""
     nuke_range: float = 9.0
+    """Nuke cast range."""
     nuke_mana: float = 60.0
+    """Nuke mana cost."""
     nuke_cooldown: float = 8.0
+    """Seconds before the nuke can be cast again."""
     stun_damage: float = 40.0
+    """Stun damage."""
     stun_seconds: float = 1.5
+    """How long a stunned hero cannot act."""
     stun_range: float = 7.0
+    """Stun cast range."""
     stun_mana: float = 80.0
+    """Stun mana cost."""
     stun_cooldown: float = 12.0
+    """Seconds before the stun can be cast again."""
     heal_amount: float = 150.0
+    """HP a heal restores."""
     heal_range: float = 8.0
+    """Heal cast range."""
     heal_mana: float = 70.0
+    """Heal mana cost."""
     heal_cooldown: float = 14.0
+    """Seconds before the heal can be cast again."""
 
     # --- creeps
     wave_period: float = 30.0
+    """Seconds between creep waves."""
     wave_size: int = 3
+    """Creeps per wave, per lane and side."""
     creep_slots: int = 9
     """Creep slots per lane and side; a new wave reuses the oldest wave's slots."""
     creep_hp: float = 300.0
+    """Creep max HP."""
     creep_damage: float = 16.0
+    """Creep attack damage."""
     creep_range: float = 2.0
+    """Creep attack range."""
     creep_cooldown: float = 1.0
+    """Seconds between a creep's attacks."""
     creep_speed: float = 4.0
+    """Creep move speed, map units per second."""
     creep_sight: float = 12.0
+    """How far a creep sees."""
     creep_aggro: float = 9.0
+    """Creeps attack the nearest enemy within this distance, heroes last."""
     creep_gold: float = 40.0
+    """Gold for the last hit on an enemy creep."""
     creep_xp: float = 40.0
+    """XP an enemy creep's death gives the heroes near it."""
     deny_fraction: float = 0.5
     """An allied creep below this HP fraction may be denied."""
 
     # --- structures
     tower_hp: float = 1400.0
+    """Tower max HP."""
     tower_damage: float = 60.0
+    """Tower attack damage."""
     tower_range: float = 10.0
+    """Tower attack range."""
     tower_cooldown: float = 1.0
+    """Seconds between a tower's attacks."""
     tower_sight: float = 15.0
+    """How far a tower (and the ancient) sees."""
     tower_gold: float = 150.0
+    """Gold to every hero of the side that destroys a structure."""
     ancient_hp: float = 2500.0
+    """Ancient max HP; the game ends when an ancient falls."""
     kill_gold: float = 150.0
+    """Gold for killing an enemy hero."""
     kill_xp: float = 100.0
+    """XP an enemy hero's death gives the heroes near it."""
     damage_jitter: float = 0.1
     """Attack damage varies uniformly by ± this fraction (the game's only randomness after reset)."""
 

@@ -2,13 +2,16 @@
 
 An encoded object is a msgpack array ``[format_name, format_version, crc32, payload]``; ``payload`` is
 the msgpack of a tree of dicts, lists, scalars and arrays. An array is an ExtType holding
-``[dtype, shape, raw bytes]``. Decoding checks every limit before it allocates, accepts only plain
-numeric dtypes, and raises :class:`FormatError` for anything wrong. No pickle: a hostile object can
-waste at most the declared limits, never run code.
+``[dtype, shape, raw bytes]``. Decoding checks every limit before it allocates (a scan of the msgpack
+headers counts every item and the nesting depth first, so nested empty containers, ~72x bigger decoded
+than encoded, are refused before any is built), accepts only plain numeric dtypes, and raises
+:class:`FormatError` for anything wrong. No pickle: a hostile object can waste at most the declared
+limits, never run code.
 """
 
 from __future__ import annotations
 
+import struct
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +36,10 @@ class Limits:
     max_elements: int = 100_000
     """Most entries in any one msgpack array or map."""
     max_ndim: int = 6
+    max_items: int = 1_000_000
+    """Most msgpack items (container entries) in the whole payload: bounds the decoded size."""
+    max_depth: int = 16
+    """Deepest nesting of arrays and maps."""
 
 
 def _pack_array(a: np.ndarray) -> msgpack.ExtType:
@@ -81,6 +88,65 @@ def _unpack_array(data: bytes, limits: Limits) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
+# Bytes after the type byte that hold a length (str/bin/ext) or a count (array/map), by type byte.
+_LEN_BYTES = {0xC4: 1, 0xC5: 2, 0xC6: 4, 0xD9: 1, 0xDA: 2, 0xDB: 4}
+_EXT_LEN_BYTES = {0xC7: 1, 0xC8: 2, 0xC9: 4}
+_FIXED = {0xC0: 1, 0xC2: 1, 0xC3: 1, 0xCA: 5, 0xCB: 9, 0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9, 0xD0: 2, 0xD1: 3,
+          0xD2: 5, 0xD3: 9, 0xD4: 3, 0xD5: 4, 0xD6: 6, 0xD7: 10, 0xD8: 18}
+_COUNT = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}  # (count bytes, children per entry)
+_UINT = {1: ">B", 2: ">H", 4: ">I"}
+
+
+def scan(data: bytes, limits: Limits) -> None:
+    """Walk the msgpack headers of ``data`` without building anything: FormatError if it is truncated,
+    has trailing bytes, nests deeper than ``max_depth`` or holds more than ``max_items`` items."""
+    end, pos, items = len(data), 0, 0
+    pending = [1]  # objects still to read at each open nesting level
+    try:
+        while pending:
+            if pending[-1] == 0:
+                pending.pop()
+                continue
+            pending[-1] -= 1
+            b = data[pos]
+            children = 0
+            if b <= 0x7F or b >= 0xE0:
+                size = 1
+            elif b <= 0x8F:
+                size, children = 1, 2 * (b & 0x0F)
+            elif b <= 0x9F:
+                size, children = 1, b & 0x0F
+            elif b <= 0xBF:
+                size = 1 + (b & 0x1F)
+            elif b in _FIXED:
+                size = _FIXED[b]
+            elif b in _LEN_BYTES:
+                n = _LEN_BYTES[b]
+                size = 1 + n + struct.unpack_from(_UINT[n], data, pos + 1)[0]
+            elif b in _EXT_LEN_BYTES:
+                n = _EXT_LEN_BYTES[b]
+                size = 2 + n + struct.unpack_from(_UINT[n], data, pos + 1)[0]
+            elif b in _COUNT:
+                n, per = _COUNT[b]
+                size, children = 1 + n, per * struct.unpack_from(_UINT[n], data, pos + 1)[0]
+            else:
+                raise FormatError(f"invalid msgpack type byte 0x{b:02x}")
+            pos += size
+            if pos > end:
+                raise FormatError("truncated msgpack data")
+            if children:
+                items += children
+                if items > limits.max_items:
+                    raise FormatError(f"more than {limits.max_items} items")
+                if len(pending) >= limits.max_depth:
+                    raise FormatError(f"nested deeper than {limits.max_depth}")
+                pending.append(children)
+    except (IndexError, struct.error) as e:
+        raise FormatError("truncated msgpack data") from e
+    if pos != end:
+        raise FormatError(f"{end - pos} bytes after the msgpack data")
+
+
 def decode(data: bytes, format_name: str, accepted_versions: tuple[int, ...], limits: Limits = Limits()) -> Any:
     """The tree inside an encoded object, after checking format, version, checksum and limits."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -107,6 +173,7 @@ def decode(data: bytes, format_name: str, accepted_versions: tuple[int, ...], li
             raise FormatError(f"unknown ext type {code}")
         return _unpack_array(body, limits)
 
+    scan(payload, limits)
     try:
         return msgpack.unpackb(
             payload, raw=False, ext_hook=ext_hook, strict_map_key=False,

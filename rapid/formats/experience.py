@@ -4,7 +4,8 @@ Every sample carries the LSTM state at its start, the policy version that produc
 it played. Usage::
 
     data = encode_experience(batch)                 # bytes for store.put
-    batch = decode_experience(data, expect)         # FormatError on anything wrong
+    shape = Shape.of(env.spec, bptt=16, lstm=256)   # the sizes a consumer expects
+    batch = decode_experience(data, shape, max_version=7)   # FormatError on anything wrong
     batch.arrays["obs"]                             # float32 [S, T, obs_dim]
 """
 
@@ -34,6 +35,23 @@ class Shape:
     mask_dim: int
     heads: int
     lstm: int
+    head_sizes: tuple[int, ...] = ()
+    """Size of each action head (the mask of head k is its slice of ``mask_dim``); may be left out only
+    for a single head, whose size is then ``mask_dim``."""
+
+    def __post_init__(self):
+        sizes = tuple(int(n) for n in self.head_sizes) or ((self.mask_dim,) if self.heads == 1 else ())
+        if len(sizes) != self.heads or sum(sizes) != self.mask_dim or min(sizes, default=0) < 1:
+            raise ValueError(f"head sizes {self.head_sizes} do not match {self.heads} heads and a mask of "
+                             f"{self.mask_dim}")
+        object.__setattr__(self, "head_sizes", sizes)
+
+    @staticmethod
+    def of(spec, bptt: int, lstm: int) -> Shape:
+        """The shape of an env's experience (``spec``: an EnvSpec)."""
+        heads = tuple(spec.action_heads)
+        return Shape(bptt=bptt, obs_dim=spec.obs_dim, mask_dim=sum(heads), heads=len(heads), lstm=lstm,
+                     head_sizes=heads)
 
     def fields(self) -> dict[str, tuple[str, tuple]]:
         """Array name → (dtype, shape after the leading [S]) for every experience array."""
@@ -84,6 +102,20 @@ def encode_experience(batch: ExperienceBatch) -> bytes:
     })
 
 
+def _check_actions(arrays: dict, shape: Shape, where: str) -> None:
+    """Every action within its head, and allowed by the mask on the steps that are trained on."""
+    actions, mask, active = arrays["actions"], arrays["mask"], arrays["active"]
+    offset = 0
+    for h, size in enumerate(shape.head_sizes):
+        a = actions[..., h]
+        if a.size and (a.min() < 0 or a.max() >= size):
+            raise FormatError(f"{where}: action of head {h} outside 0..{size - 1}")
+        allowed = np.take_along_axis(mask[..., offset:offset + size], a[..., None], axis=-1)[..., 0]
+        if not allowed[active].all():
+            raise FormatError(f"{where}: an action of head {h} that its mask forbids")
+        offset += size
+
+
 _EPISODE_KEYS = {"learner_version": int, "opponent": str, "learner_side": int, "winner": str, "length": int,
                  "learner_return": (int, float)}
 
@@ -97,10 +129,14 @@ def _check_episode(ep, where: str) -> dict:
         raise FormatError(f"{where}: non-finite learner_return")
     if ep["winner"] not in ("learner", "opponent", "draw"):
         raise FormatError(f"{where}: bad winner {ep['winner']!r}")
+    if ep["learner_version"] < 0 or ep["length"] < 0 or ep["learner_side"] not in (0, 1):
+        raise FormatError(f"{where}: episode record out of range")
     return ep
 
 
-def decode_experience(data: bytes, shape: Shape) -> ExperienceBatch:
+def decode_experience(data: bytes, shape: Shape, max_version: int | None = None) -> ExperienceBatch:
+    """The batch in ``data``, every field checked against ``shape`` and its range; with ``max_version``
+    (the newest version published), samples stamped with a later one are refused."""
     tree = codec.decode(data, FORMAT, (FORMAT_VERSION,), LIMITS)
     where = "experience object"
     if not isinstance(tree, dict):
@@ -114,6 +150,8 @@ def decode_experience(data: bytes, shape: Shape) -> ExperienceBatch:
     env_steps = codec.require(tree, "env_steps", int, where)
     if not math.isfinite(created):
         raise FormatError(f"{where}: non-finite creation time")
+    if seq < 0 or env_steps < 0:
+        raise FormatError(f"{where}: negative seq or env_steps")
     expected = shape.fields()
     if not all(isinstance(k, str) for k in arrays) or set(arrays) != set(expected):
         raise FormatError(f"{where}: arrays {sorted(map(str, arrays))} differ from {sorted(expected)}")
@@ -129,10 +167,13 @@ def decode_experience(data: bytes, shape: Shape) -> ExperienceBatch:
         raise FormatError(f"{where}: opponent index out of range")
     if (arrays["version"] < 0).any():
         raise FormatError(f"{where}: negative policy version")
+    if max_version is not None and (arrays["version"] > max_version).any():
+        raise FormatError(f"{where}: policy version newer than v{max_version}, the newest published")
     for name in ("obs", "logp", "values", "advantages", "returns", "h0", "c0"):
         if not np.isfinite(arrays[name]).all():
             raise FormatError(f"{where}: {name} has non-finite values")
     if not arrays["mask"].any(-1).all():
         raise FormatError(f"{where}: a step with an all-forbidden action mask")
+    _check_actions(arrays, shape, where)
     return ExperienceBatch(worker, seq, float(created), arrays, opponents,
                            [_check_episode(ep, where) for ep in episodes], env_steps)

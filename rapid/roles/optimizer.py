@@ -104,7 +104,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo()
     device = pick_device(cfg, rank.local_rank)
     learner = Learner(policy, learner_settings(cfg), device,
                       all_reduce=ctx.all_reduce_gradients if ctx else None,
-                      all_reduce_scalars=ctx.all_reduce_scalars if ctx else None)
+                      all_reduce_scalars=ctx.all_reduce_scalars if ctx else None, world_size=rank.world)
 
     # Where this run stands: a fresh start publishes version 0; a resume loads the newest usable checkpoint
     # and continues after the newest version in use anywhere in the store, so no version is used twice.
@@ -125,8 +125,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo()
     league = LeagueKeeper(store, cfg) if lead else None
     metrics.param_version(version)
 
-    shape = Shape(bptt=cfg.rollout.bptt, obs_dim=spec.obs_dim, mask_dim=spec.mask_dim,
-                  heads=len(spec.action_heads), lstm=cfg.model.lstm)
+    shape = Shape.of(spec, bptt=cfg.rollout.bptt, lstm=cfg.model.lstm)
     buffer = ExperienceBuffer(cfg.optimizer.buffer_samples, cfg.optimizer.max_staleness)
     loader = ExperienceLoader(store, shape, buffer, rank.rank, rank.world, cfg.optimizer.poll_s,
                               cfg.store.retention_s, on_bad=lambda key, why: metrics.bad_object(_reason(why)),

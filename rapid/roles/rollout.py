@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import torch
 
 from rapid.config import Config
 from rapid.envs.registry import make_env
 from rapid.errors import FormatError
-from rapid.infra.store import KeyNotFound, StoreError
+from rapid.infra.store import BadObject, KeyNotFound, StoreError
 from rapid.league import League
 from rapid.monitoring.metrics import RolloutMetrics
 from rapid.opponents import LeagueOpponents, ResultReporter
@@ -30,20 +31,17 @@ def rollout_settings(cfg: Config, seconds_per_step: float) -> RolloutSettings:
                            gae_lambda=cfg.ppo.gae_lambda, team_spirit=cfg.ppo.team_spirit, zero_sum=cfg.ppo.zero_sum)
 
 
-def _wait_for_params(params: ParameterStore, stop: StopFlag, log) -> int | None:
-    warned = False
+def _wait_for_first_params(poller: ParamPoller, stop: StopFlag, log) -> tuple[int, dict] | None:
+    """The first good version the poller fetches; None if stopped before the optimizer published one."""
+    started, warned = time.monotonic(), False
     while not stop:
-        try:
-            version = params.latest_version()
-        except (StoreError, FormatError) as e:
-            version = None
-            log.warning("cannot read the latest parameter version: %s", e)
-        if version is not None:
-            return version
-        if not warned:
+        first = poller.take()
+        if first is not None:
+            return first
+        if not warned and time.monotonic() - started > 2.0:
             log.info("waiting for the optimizer to publish parameters…")
             warned = True
-        stop.wait(1.0)
+        stop.wait(0.2)
     return None
 
 
@@ -64,14 +62,17 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
                         on_upload=metrics.samples_uploaded, on_episodes=ResultReporter(store, worker_id),
                         on_failure=metrics.upload_failed, on_drop=metrics.backlog_dropped)
 
-    version = _wait_for_params(params, stop, log)
-    if version is None:
-        return 0
-    worker.set_params(version, params.fetch(version).tensors)
+    poller = ParamPoller(params, cfg.rollout.param_poll_s, log, on_failure=metrics.param_refresh_failed)
+    poller.start()
+    version = None
+    while version is None:
+        first = _wait_for_first_params(poller, stop, log)
+        if first is None:
+            poller.stop()
+            return 0
+        version = _swap_params(worker, poller, first, None)
     metrics.param_version(version)
     uploader.start()
-    poller = ParamPoller(params, cfg.rollout.param_poll_s, version, log)
-    poller.start()
     log.info("worker %s started: %d games of %s, params v%d, store %s", worker_id, env.num_games,
              cfg.env.name, version, store.describe())
     try:
@@ -85,8 +86,11 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
                 metrics.episode(ep["learner_return"], ep["length"])
             newer = poller.take()
             if newer is not None:  # swapped only between segments
-                worker.set_params(*newer)
-                metrics.param_version(worker.version)
+                metrics.param_version(_swap_params(worker, poller, newer, worker.version))
+            metrics.params_behind(poller.behind_s())
+            if not poller.alive():
+                log.error("worker %s: the parameter poller thread has died; stopping", worker_id)
+                return 1
     finally:
         poller.stop()
         uploader.stop()
@@ -98,15 +102,38 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
     return 0
 
 
-class ParamPoller:
-    """Fetches newer parameter versions on a thread of its own, every ``interval_s``: a store that hangs
-    (a stopped server accepts connections and never answers) must not stop the stepping loop, which
-    keeps playing its current version until a newer one has been downloaded and checked."""
+def _swap_params(worker: RolloutWorker, poller: ParamPoller, new: tuple[int, dict], in_use: int | None):
+    """The version the worker plays after trying ``new``: tensors that do not fit the model (names,
+    shapes) are rejected like any bad object and the worker keeps ``in_use``."""
+    try:
+        worker.set_params(*new)
+    except ValueError as e:
+        poller.reject(new[0], in_use, str(e))
+        return in_use
+    return new[0]
 
-    def __init__(self, params: ParameterStore, interval_s: float, version: int, log):
+
+class ParamPoller:
+    """Fetches newer parameter versions on a thread of its own: a store that hangs (a stopped server
+    accepts connections and never answers) must not stop the stepping loop, which keeps playing its
+    current version until a newer one has been downloaded and checked.
+
+    Nothing stops it: any failure (an unreadable pointer, a corrupt, oversized or hostile params object)
+    is counted through ``on_failure(why)``, logged and skipped. A version that failed to decode is not
+    fetched again; the newest good version between the one in use and it is taken instead. While a newer
+    version is published but cannot be had, :meth:`behind_s` grows (the role exports it) and a warning is
+    repeated every ``warn_every_s``, so a worker never keeps playing an old version silently.
+    """
+
+    def __init__(self, params: ParameterStore, interval_s: float, log, on_failure=None,
+                 warn_every_s: float = 60.0):
         self.params, self.interval_s, self.log = params, interval_s, log
-        self._known = version
+        self.on_failure, self.warn_every_s = on_failure, warn_every_s
+        self._known: int | None = None
+        self._bad: set[int] = set()
         self._ready: tuple[int, dict] | None = None
+        self._behind_since: float | None = None
+        self._warned_at = -float("inf")
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="param-poller", daemon=True)
@@ -117,22 +144,83 @@ class ParamPoller:
     def stop(self) -> None:
         self._stop.set()  # not joined: it may be waiting on a hung store, and it holds nothing to flush
 
+    def alive(self) -> bool:
+        return self._thread.is_alive() or self._stop.is_set()
+
     def take(self) -> tuple[int, dict] | None:
         """(version, tensors) of a newer version than the last taken, or None."""
         with self._lock:
             ready, self._ready = self._ready, None
         return ready
 
+    def reject(self, version: int, in_use: int | None, why: str) -> None:
+        """``version`` was fetched but cannot be played: never offer it again; look again from ``in_use``."""
+        with self._lock:
+            self._bad.add(version)
+            self._known = in_use
+        self._failed(f"v{version} does not fit the model, skipped: {why}")
+
+    def behind_s(self) -> float:
+        """Seconds since a newer version than the one fetched was known to exist (or since the newest
+        could not even be looked up) without being fetched; 0 when up to date."""
+        since = self._behind_since
+        return 0.0 if since is None else time.monotonic() - since
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while True:
             try:
-                latest = self.params.latest_version()
-                if latest is not None and latest > self._known:
-                    tensors = self.params.fetch(latest).tensors
-                    with self._lock:
-                        self._ready, self._known = (latest, tensors), latest
-            except (StoreError, KeyNotFound, FormatError) as e:
-                self.log.warning("parameter refresh failed, keeping v%d: %s", self._known, e)
+                self.poll_once()
+            except Exception as e:  # noqa: BLE001 - this thread must outlive any one bad object or answer
+                self._failed(f"{type(e).__name__}: {e}")
+            behind, now = self.behind_s(), time.monotonic()
+            if behind > self.warn_every_s and now - self._warned_at >= self.warn_every_s:
+                self._warned_at = now
+                self.log.warning("no newer parameters for %.0fs although newer ones exist or cannot be looked "
+                                 "up; still playing %s", behind,
+                                 "nothing" if self._known is None else f"v{self._known}")
+            if self._stop.wait(self.interval_s if self._known is not None else min(self.interval_s, 1.0)):
+                return
+
+    def poll_once(self) -> None:
+        try:
+            latest = self.params.latest_version()
+        except (StoreError, FormatError) as e:
+            self._failed(f"cannot read the latest version: {e}")
+            return
+        if latest is None or (self._known is not None and latest <= self._known):
+            self._behind_since = None
+            return
+        for version in self._candidates(latest):
+            try:
+                tensors = self.params.fetch(version).tensors
+            except KeyNotFound as e:
+                self._failed(f"v{version} is published but missing: {e}")
+                continue
+            except (BadObject, FormatError) as e:
+                self._bad.add(version)  # the same bytes would fail again: never download them twice
+                self._failed(f"v{version} is a bad params object, skipped: {e}")
+                continue
+            with self._lock:
+                self._ready, self._known = (version, tensors), version
+            if version == latest:
+                self._behind_since = None
+            return
+
+    def _candidates(self, latest: int) -> list[int]:
+        """``latest``, unless it is known bad; then the published versions newer than the one in use."""
+        if latest not in self._bad:
+            return [latest]
+        floor = -1 if self._known is None else self._known
+        return sorted((v for v in self.params.versions() if floor < v < latest and v not in self._bad),
+                      reverse=True)
+
+    def _failed(self, why: str) -> None:
+        if self._behind_since is None:
+            self._behind_since = time.monotonic()
+        if self.on_failure is not None:
+            self.on_failure(why)
+        held = "no version yet" if self._known is None else f"keeping v{self._known}"
+        self.log.warning("parameter refresh failed, %s: %s", held, why)
 
 
 def default_worker_id() -> str:

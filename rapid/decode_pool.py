@@ -1,0 +1,133 @@
+"""Experience objects decoded and validated in worker processes, off the optimizer's Python thread.
+
+The bytes a loader downloaded go to a worker process, which decodes them with :mod:`rapid.formats` and
+sends back numpy arrays and plain, validated episode records: nothing from the store is ever unpickled
+(the process boundary carries our own arrays, the way any multiprocessing queue does). Workers start
+with 'forkserver' (or 'spawn'), never a fork of a process whose torch threads already run. With
+``workers=0`` decoding runs inline in the caller's thread: one process, deterministic, for tests.
+
+Usage::
+
+    pool = DecodePool(shape, workers=2)
+    future = pool.submit(data)            # bytes of one experience object
+    result = future.result()              # Decoded, or Rejected(why) for a bad object
+    pool.close()
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+
+import numpy as np
+
+from rapid.errors import FormatError
+from rapid.formats.experience import Shape, decode_experience
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Decoded:
+    arrays: dict[str, np.ndarray]
+    episodes: list[dict]
+    env_steps: int
+    max_version: int
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.arrays["version"].shape[0])
+
+
+@dataclass
+class Rejected:
+    why: str
+
+
+def auto_workers(cpus: int | None = None) -> int:
+    """Decode processes when ``optimizer.decode_workers`` is -1: one on a small machine, one per eight
+    cores on a large one (a GPU host's cores mostly decode), at most eight."""
+    cpus = cpus or os.cpu_count() or 1
+    return max(1, min(8, cpus // 8))
+
+
+def decode_job(data: bytes, shape: Shape) -> Decoded | Rejected:
+    """Decode one object; every failure is a Rejected, so no object can take a worker (or the loader) down."""
+    try:
+        batch = decode_experience(data, shape)
+        episodes = [{key: value for key, value in ep.items()} for ep in batch.episodes]
+        version = int(batch.arrays["version"].max()) if batch.num_samples else -1
+        return Decoded(batch.arrays, episodes, int(batch.env_steps), version)
+    except FormatError as e:
+        return Rejected(str(e))
+    except MemoryError:
+        return Rejected("unexpected MemoryError while decoding")
+    except Exception as e:  # a decoder bug must cost one object, not the run
+        return Rejected(f"unexpected {type(e).__name__} while decoding: {e}")
+
+
+def _worker_init() -> None:
+    # Ctrl-C reaches the whole process group: the optimizer decides when its workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _context():
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if ctx.get_start_method() == "forkserver":
+        ctx.set_forkserver_preload([__name__])
+    return ctx
+
+
+class DecodePool:
+    def __init__(self, shape: Shape, workers: int = 0):
+        self.shape = shape
+        self.workers = workers
+        self.restarts = 0
+        self._pool: ProcessPoolExecutor | None = None
+
+    @property
+    def max_pending(self) -> int:
+        """Objects in flight at once: enough to keep every worker busy while the next one downloads."""
+        return max(1, 2 * self.workers)
+
+    def submit(self, data: bytes) -> Future:
+        if self.workers <= 0:
+            done: Future = Future()
+            done.set_result(decode_job(data, self.shape))
+            return done
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=_context(), initializer=_worker_init)
+        try:
+            future = self._pool.submit(decode_job, data, self.shape)
+        except BrokenProcessPool:
+            self.restart()
+            return self.submit(data)
+        future.pool = self._pool
+        return future
+
+    def result(self, future: Future) -> Decoded | Rejected:
+        """The future's result; a worker that died on it (killed for memory, say) makes it a Rejected."""
+        try:
+            return future.result()
+        except BrokenProcessPool:
+            if getattr(future, "pool", None) is self._pool:  # not one already replaced
+                self.restart()
+            return Rejected("a decode worker process died on this object")
+
+    def restart(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+            self.restarts += 1
+            log.warning("decode worker processes restarted (%d so far)", self.restarts)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None

@@ -1,0 +1,54 @@
+"""The one-step-lookahead bot for PettingZoo board games: it wins when it can, blocks, and beats random."""
+
+from __future__ import annotations
+
+import numpy as np
+from pettingzoo.classic import connect_four_v3
+
+from rapid.config import Config
+from rapid.envs.board_bots import LookaheadBot, clone_game, lookahead_move
+from rapid.envs.registry import make_env
+from rapid.matches import make_player, play_match
+
+C4 = "pettingzoo.classic.connect_four_v3"
+
+
+def position(moves: list[int]):
+    game = connect_four_v3.env()
+    game.reset(seed=0)
+    for m in moves:
+        game.step(m)
+    return game.unwrapped
+
+
+def test_wins_when_it_can_else_blocks():
+    rng = np.random.default_rng(0)
+    legal = np.arange(7)
+    # player_0 has three in column 0 and is to move: it takes the win, every time.
+    game = position([0, 1, 0, 1, 0, 2])
+    assert {lookahead_move(game, "player_0", legal, rng) for _ in range(20)} == {0}
+    # player_1 has three in column 1; player_0 (to move) has no win of its own: it blocks column 1.
+    game = position([0, 1, 2, 1, 4, 1])
+    assert game.agent_selection == "player_0"
+    assert {lookahead_move(game, "player_0", legal, rng) for _ in range(20)} == {1}
+    # nothing to win or block: a random legal move.
+    assert len({lookahead_move(position([]), "player_0", legal, rng) for _ in range(40)}) > 3
+
+
+def test_clone_leaves_the_game_untouched():
+    game = position([3, 3])
+    board = list(game.board)
+    twin = clone_game(game)
+    twin.step(4)
+    assert list(game.board) == board and game.agent_selection == "player_0"
+    assert list(twin.board) != board
+
+
+def test_registered_for_board_games_and_beats_random():
+    env = make_env(C4, num_games=100, seed=0)
+    assert env.bot_names() == ("random", "lookahead")
+    bot = make_player("bot:lookahead", Config(), env, params=None, seed=1)
+    assert isinstance(bot, LookaheadBot)
+    result = play_match(env, bot, env.make_bot("random", seed=2), games=200, seed=0)
+    assert result.win_rate >= 0.9, result.line("lookahead", "random")
+    assert "lookahead" not in make_env("tests.pz_tiny_parallel", num_games=1).bot_names()

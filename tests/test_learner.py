@@ -1,0 +1,161 @@
+"""The learner's update: which steps train, microbatches, normalizer timing, statistics pooled over ranks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rapid.opt.learner import Learner, LearnerSettings
+from tests.learner_data import make_policy, played_batch
+from tests.test_distributed import mpiexec
+
+torch.set_num_threads(1)
+
+
+class GradRecorder:
+    """An all_reduce that records the gradients the update would apply (before clipping)."""
+
+    def __init__(self):
+        self.grads: dict[str, torch.Tensor] = {}
+
+    def __call__(self, params):
+        self.grads = {str(i): p.grad.detach().clone() for i, p in enumerate(params)}
+
+
+def gradients(batch, **settings) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    record = GradRecorder()
+    learner = Learner(make_policy(), LearnerSettings(**settings), all_reduce=record)
+    stats = learner.update(batch)
+    return record.grads, stats
+
+
+def test_value_loss_trains_only_the_learners_steps():
+    batch = played_batch(make_policy(), seed=1)
+    other = {**batch, "returns": np.where(batch["active"], batch["returns"], 1e3).astype(np.float32),
+             "values": np.where(batch["active"], batch["values"], -50.0).astype(np.float32)}
+    g1, s1 = gradients(batch)
+    g2, s2 = gradients(other)
+    assert s1["value_loss"] == pytest.approx(s2["value_loss"], rel=1e-6)
+    for key in g1:
+        torch.testing.assert_close(g1[key], g2[key], rtol=1e-5, atol=1e-7)
+    assert s1["explained_variance"] == pytest.approx(s2["explained_variance"], rel=1e-6)
+
+
+def test_microbatches_do_not_change_the_gradient():
+    batch = played_batch(make_policy(), S=12, seed=2)
+    batch["active"][:4] = False                # chunks with very different numbers of learner steps
+    batch["active"][4:8, 1:] = False
+    whole, s_whole = gradients(batch)
+    parts, s_parts = gradients(batch, microbatch=4)
+    for key in whole:
+        torch.testing.assert_close(parts[key], whole[key], rtol=1e-5, atol=1e-6)
+    for key in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm"):
+        assert s_parts[key] == pytest.approx(s_whole[key], rel=1e-5, abs=1e-7), key
+
+
+def test_fresh_data_has_ratio_one_although_the_normalizer_moves():
+    policy = make_policy()
+    batch = played_batch(policy, S=16, seed=3, obs_mean=3.0, obs_scale=2.0)  # far from the normalizer's 0 / 1
+    learner = Learner(policy, LearnerSettings(lr=0.0))
+    mean_before = policy.obs_norm.mean.clone()
+    stats = learner.update(batch)
+    assert stats["skipped"] == 0.0
+    assert stats["approx_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert stats["clip_fraction"] == 0.0
+    assert not torch.allclose(policy.obs_norm.mean, mean_before)  # the normalizer did move, afterwards
+    again = learner.update(batch)  # the same data under the moved normalizer is no longer on-policy
+    assert again["approx_kl"] > 1e-4
+
+
+def test_normalizer_takes_the_batch_statistics_after_the_update():
+    policy = make_policy()
+    batch = played_batch(policy, S=16, seed=4)
+    Learner(policy, LearnerSettings()).update(batch)
+    obs = batch["obs"].reshape(-1, batch["obs"].shape[-1]).astype(np.float64)
+    n0 = 1e-4
+    assert float(policy.obs_norm.count) == pytest.approx(n0 + obs.shape[0])
+    np.testing.assert_allclose(policy.obs_norm.mean.numpy(), obs.mean(0) * obs.shape[0] / (obs.shape[0] + n0),
+                               rtol=1e-6)
+    np.testing.assert_allclose(policy.obs_norm.var.numpy(), obs.var(0), rtol=1e-4)
+
+
+def test_value_outputs_preserved_when_the_return_scale_moves():
+    """PopArt's invariant: the value head times the return scale (the output in return units) is unchanged."""
+    batch = played_batch(make_policy(), S=16, seed=5)
+    batch["returns"] *= 50.0  # the scale will grow
+    for preserve in (True, False):
+        policy = make_policy()
+        w, b, scale = policy.value_head.weight.clone(), policy.value_head.bias.clone(), float(policy.return_scale)
+        Learner(policy, LearnerSettings(lr=0.0, preserve_value_outputs=preserve)).update(batch)
+        new_scale = float(policy.return_scale)
+        assert new_scale > scale * 1.5
+        if preserve:
+            torch.testing.assert_close(policy.value_head.weight * new_scale, w * scale)
+            torch.testing.assert_close(policy.value_head.bias * new_scale, b * scale)
+        else:
+            torch.testing.assert_close(policy.value_head.weight, w)
+
+
+def test_value_clipping_changes_only_the_value_gradient():
+    batch = played_batch(make_policy(), seed=6)
+    batch["values"] += 3.0  # collected by values far from today's: the clipped error is the larger one
+    plain, _ = gradients(batch)
+    clipped, _ = gradients(batch, value_clip=0.01)
+    same, _ = gradients({**batch, "values": batch["values"] - 3.0}, value_clip=0.01)
+    n = len(plain)  # ... logits.weight, logits.bias, value_head.weight, value_head.bias
+    assert not torch.allclose(plain[str(n - 2)], clipped[str(n - 2)])
+    torch.testing.assert_close(plain[str(n - 4)], clipped[str(n - 4)])
+    torch.testing.assert_close(plain[str(n - 2)], same[str(n - 2)])  # fresh values: nothing to clip
+
+
+def test_observation_statistics_pooled_over_two_real_ranks():
+    """Two ranks (real mpiexec, gloo) with data centred at 0 and 4: pooled count, mean and variance, and the
+    parameters of a single process that trained on both batches."""
+    result = mpiexec(2, "learner_ranks.py", timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("OK"), result.stdout + result.stderr[-3000:]
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_update_on_device(device):
+    policy = make_policy(0, device)
+    batch = played_batch(make_policy(0), S=16, seed=7)  # played on CPU, as the workers do
+    learner = Learner(policy, LearnerSettings(lr=1e-3, microbatch=8), device)
+    before = {k: v.copy() for k, v in policy.tensors().items()}
+    stats = learner.update(batch)
+    assert stats["skipped"] == 0.0 and learner.updates == 1
+    assert stats["approx_kl"] == pytest.approx(0.0, abs=1e-5)
+    assert all(np.isfinite(v) for v in stats.values())
+    assert {t.device.type for t in [*policy.parameters(), *policy.buffers()]} == {device}
+    after = policy.tensors()
+    assert all(isinstance(v, np.ndarray) for v in after.values())
+    changed = {k for k in before if not np.array_equal(before[k], after[k])}
+    assert {"logits.weight", "obs_norm.mean", "obs_norm.count", "return_scale"} <= changed
+    # a non-finite batch is skipped on the device too, and changes nothing
+    bad = {**batch, "obs": np.full_like(batch["obs"], 3e38)}
+    assert learner.update(bad)["skipped"] == 1.0
+    assert all(np.array_equal(after[k], v) for k, v in policy.tensors().items())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_checkpoint_loads_onto_a_device_learner(device):
+    from rapid.formats.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
+
+    batch = played_batch(make_policy(0), S=8, seed=8)
+    first = Learner(make_policy(0, device), LearnerSettings(lr=1e-3), device)
+    first.update(batch)
+    data = encode_checkpoint(Checkpoint.from_torch(1, 1, first.policy.tensors(), first.adam.state_dict()))
+    ckpt = decode_checkpoint(data)
+    resumed = Learner(make_policy(1, device), LearnerSettings(lr=1e-3), device)
+    resumed.policy.load_tensors(ckpt.model)
+    resumed.adam.load_state_dict(ckpt.adam_state())
+    moments = [t for s in resumed.adam.state.values() for name, t in s.items() if name != "step"]
+    assert moments and {t.device.type for t in moments} == {device}
+    first.update(batch)
+    resumed.update(batch)  # the same next step as the learner that was never stopped
+    for k, v in first.policy.tensors().items():
+        np.testing.assert_allclose(resumed.policy.tensors()[k], v, rtol=1e-5, atol=1e-6)
