@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import tomli_w
 import tomllib
@@ -291,11 +292,19 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
     data: dict[str, Any] = {}
     if path:
         try:
-            data = tomllib.loads(Path(path).read_text())
+            with open(path, "rb") as f:  # bounded: a config is small, /dev/zero is not
+                raw = f.read(MAX_CONFIG_BYTES + 1)
+            if len(raw) > MAX_CONFIG_BYTES:
+                raise UsageError(f"config file {path} is over {MAX_CONFIG_BYTES} bytes")
+            data = tomllib.loads(raw.decode())
         except FileNotFoundError:
             raise UsageError(f"config file not found: {path}") from None
         except tomllib.TOMLDecodeError as e:
             raise UsageError(f"config file {path} is not valid TOML: {e}") from None
+        except UnicodeDecodeError as e:
+            raise UsageError(f"config file {path} is not UTF-8 text (byte {e.start})") from None
+        except OSError as e:  # a folder, no permission, a device
+            raise UsageError(f"cannot read config file {path}: {e.strerror or e}") from None
     for text in overrides:
         section, key, value = _parse_override(text)
         data = _merge(data, {section: {key: value}})
@@ -307,7 +316,29 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 
 
 def to_toml(cfg: Config) -> str:
-    return tomli_w.dumps(to_dict(cfg))
+    """The config as TOML, as `rapid config show` prints it and a run directory keeps it: a password in
+    ``store.endpoint_url`` is replaced by ``***`` (credentials belong in the environment, never in a file)."""
+    data = to_dict(cfg)
+    data["store"]["endpoint_url"] = redact_url(data["store"]["endpoint_url"])
+    return tomli_w.dumps(data)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the password of its user-info replaced by ``***``.
+
+    >>> redact_url("http://user:s3cret@minio:9000/x"), redact_url("http://minio:9000")
+    ('http://user:***@minio:9000/x', 'http://minio:9000')
+    """
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
+MAX_CONFIG_BYTES = 4 << 20
+RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}", re.ASCII)
+BOT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,59}", re.ASCII)  # as the league's bot:<name> ids
 
 
 def validate(cfg: Config) -> list[str]:
@@ -317,8 +348,10 @@ def validate(cfg: Config) -> list[str]:
     _positive(e, "run.updates", cfg.run.updates, allow_zero=True)
     _unit(e, "run.target_win_rate", cfg.run.target_win_rate)
     _positive(e, "run.num_workers", cfg.run.num_workers, allow_zero=True)
-    if not cfg.run.name or "/" in cfg.run.name:
-        e.append(f"run.name must be a non-empty name without '/' (got {cfg.run.name!r})")
+    if not RUN_NAME.fullmatch(cfg.run.name):  # it names a folder under runs/ and labels metrics
+        e.append(f"run.name must be 1-64 of A-Z a-z 0-9 . _ -, not starting with . or - (got {cfg.run.name!r})")
+    if not 0 <= cfg.run.seed < 1 << 32:
+        e.append(f"run.seed must be within [0, 2**32) (got {cfg.run.seed})")
     if not cfg.env.name:
         e.append("env.name must name a game")
     _positive(e, "env.num_games", cfg.env.num_games)
@@ -368,6 +401,9 @@ def validate(cfg: Config) -> list[str]:
         e.append(f"league.scheme must be 'openai_five' or 'pfsp' (got {lg.scheme!r})")
     _positive(e, "league.pfsp_power", lg.pfsp_power, allow_zero=True)
     _positive(e, "league.refresh_s", lg.refresh_s)
+    for bot in lg.bots:
+        if not BOT_NAME.fullmatch(bot.removeprefix("bot:")):
+            e.append(f"league.bots: {bot!r} is not a bot name (A-Z a-z 0-9 . _ -, e.g. 'random')")
     _positive(e, "eval.interval_s", cfg.eval.interval_s, allow_zero=True)
     _positive(e, "eval.games", cfg.eval.games)
     _positive(e, "store.max_attempts", cfg.store.max_attempts)

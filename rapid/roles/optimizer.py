@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 
 from rapid.balance import Balancer, BalanceSettings, publish_due
-from rapid.checkpoints import load_latest_checkpoint, save_checkpoint
+from rapid.checkpoints import newest_version_in_use, resume_point, save_checkpoint
 from rapid.config import Config, to_toml
 from rapid.decode_pool import auto_workers
 from rapid.errors import FormatError, UsageError
@@ -28,6 +29,7 @@ from rapid.formats.experience import Shape
 from rapid.formats.params import ParamsObject
 from rapid.infra.store import StoreError
 from rapid.league import League, PoolConflict, ResultFolder, ensure_bots
+from rapid.lease import RunLease
 from rapid.loader import ExperienceLoader
 from rapid.monitoring.metrics import OptimizerMetrics
 from rapid.opt.buffer import ExperienceBuffer
@@ -106,6 +108,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo()
     derived = cfg.derive()
     metrics = start_metrics(OptimizerMetrics, cfg, rank.rank, rank.local_rank)
     store = open_run_store(cfg, metrics)
+    lease = RunLease(store).acquire() if lead else None  # a second optimizer on this run stops here, writing nothing
     params = ParameterStore(store)
     spec = env_spec(cfg)
     policy = build_policy(cfg, spec)
@@ -114,21 +117,18 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo()
                       all_reduce=ctx.all_reduce_gradients if ctx else None,
                       all_reduce_scalars=ctx.all_reduce_scalars if ctx else None, world_size=rank.world)
 
-    # Where this run stands: a fresh start publishes version 0; a resume continues after the newest of
-    # the checkpoint and the published versions, so no version number is ever used twice.
+    # Where this run stands: a fresh start publishes version 0; a resume loads the newest usable checkpoint
+    # and continues after the newest version in use anywhere in the store, so no version is used twice.
     version, updates = 0, 0
-    latest = params.latest_version()
     if resume:
-        ckpt = load_latest_checkpoint(store)
-        if ckpt is None:
-            raise UsageError(f"--resume: no checkpoint in {store.describe()}")
-        policy.load_tensors(ckpt.model)
-        learner.adam.load_state_dict(ckpt.adam_state())
-        learner.updates = ckpt.updates
-        version, updates = max(ckpt.version, latest or 0), ckpt.updates
-        log.info("resumed from checkpoint v%d (update %d); next version %d", ckpt.version, updates, version + 1)
-    elif latest is not None:
+        point = resume_point(store, policy, learner.adam, log)
+        version, updates = point.version, point.updates
+        learner.updates = updates
+        log.info("resumed from %s (update %d); next version %d", point.source, updates, version + 1)
+    elif newest_version_in_use(store) is not None:
         raise UsageError(f"{store.describe()} already holds published parameters; use --resume or a new run dir")
+    if lease:
+        lease.keep(stop)
     if ctx is not None:
         ctx.broadcast_parameters(policy, src=0)
     if lead and not resume:
@@ -221,15 +221,22 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo()
             report.update(updates, version, stats, staleness, decision, wait_s)
     finally:
         loader.stop()
+        # After an unexpected error the weights may be what broke: the last good checkpoint stays the newest.
+        clean = sys.exc_info()[0] is None
         try:
             writer.close()  # drains: every queued version and checkpoint is stored, in order
         finally:
             report.close()
             metrics.close()
-        if lead:
+        if lead and clean and lease.held:
             _checkpoint(store, cfg, learner, version, updates)
             log.info("stopped (%s) at version %d after %d updates; final checkpoint written",
                      stop.reason or "done", version, updates)
+        elif lead:
+            log.warning("stopped (%s) at version %d after %d updates; no final checkpoint",
+                        stop.reason or "error", version, updates)
+        if lease:
+            lease.release()
         if oplog:
             oplog.close()
     return exit_code
