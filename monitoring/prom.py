@@ -1,15 +1,20 @@
 """Run a local Prometheus against a run's processes and query it (backs `rapid monitor` and the tests).
 
-Usage::
+``start_prometheus(run_dir)`` writes a config and the target list under ``<run_dir>/prometheus`` and starts the
+server (1 s scrapes); ``prom.wait_ready()``, ``query(prom.url, promql)``, ``check_dashboard_queries(prom.url,
+DASHBOARD_PATH, run)`` (the dashboard queries that return no data), ``prom.stop()``. ``run_monitor(run_dir)``
+does all of it for `rapid monitor`, until Ctrl-C. What they are built from::
 
-    prom = start_prometheus(run_dir, port=9090)        # config + targets under <run_dir>/prometheus, 1 s scrapes
-    prom.wait_ready()
-    refresh_targets(run_dir)                            # after more processes registered (file_sd re-reads it)
-    print(query(prom.url, 'sum(rate(rapid_env_steps_total[1m]))'))
-    missing = check_dashboard_queries(prom.url, DASHBOARD_PATH, run="demo", timeout=20)
-    prom.stop()
-
-    run_monitor(run_dir, port=9090)                     # all of the above for `rapid monitor`, until Ctrl-C
+    >>> import tempfile
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> run_dir = Path(tmp.name)
+    >>> targets = refresh_targets(run_dir, run="demo")      # after more processes registered (file_sd re-reads it)
+    >>> config = json.loads(render_config(targets))
+    >>> config["scrape_configs"][0]["honor_labels"], config["global"]["scrape_interval"]
+    (True, '1s')
+    >>> dashboard_queries(DASHBOARD_PATH, "demo")[0]        # each panel's PromQL, for one run
+    'sum(rate(rapid_env_steps_total{run="demo"}[1m]))'
+    >>> tmp.cleanup()
 
 Processes register themselves with ``rapid.monitoring.metrics.register_process``; the target list Prometheus
 reads is ``<run_dir>/metrics/targets.json`` (file_sd), regenerated from those registrations. The generated config

@@ -1,4 +1,4 @@
-"""A real Prometheus server for tests, started by hand on a free loopback port (SPEC §10, §11).
+"""A real Prometheus server for tests, started by hand on a free loopback port.
 
 Usage in a test module::
 
