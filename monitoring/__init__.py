@@ -10,7 +10,6 @@ from rapid.monitoring.metrics import (
     RolloutMetrics,
     collect_targets,
     register_process,
-    start_exporter,
     write_file_sd,
 )
 
@@ -21,6 +20,5 @@ __all__ = [
     "RolloutMetrics",
     "collect_targets",
     "register_process",
-    "start_exporter",
     "write_file_sd",
 ]
