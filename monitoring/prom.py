@@ -133,10 +133,14 @@ def start_prometheus(run_dir: str | os.PathLike, port: int = 0, scrape_interval:
     targets = refresh_targets(run_dir, run)
     config_path = home / "prometheus.yml"
     config_path.write_text(render_config(targets, ALERTS_PATH, scrape_interval))
-    port = port or free_port()
-    with open(home / "prometheus.log", "ab") as logfile:
+    return launch_prometheus(binary, config_path, home / "data", port or free_port(), home / "prometheus.log")
+
+
+def launch_prometheus(binary: str, config_path: Path, data_dir: Path, port: int, log_path: Path) -> PrometheusProcess:
+    """Start ``binary`` with ``config_path`` on 127.0.0.1:``port``, its output appended to ``log_path``."""
+    with open(log_path, "ab") as logfile:
         proc = PrometheusProcess(
-            [binary, f"--config.file={config_path}", f"--storage.tsdb.path={home / 'data'}",
+            [binary, f"--config.file={config_path}", f"--storage.tsdb.path={data_dir}",
              f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"],
             stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
