@@ -38,7 +38,7 @@ from rapid.monitoring.targets import collect_targets, register_process, write_fi
 
 __all__ = [
     "RolloutMetrics", "OptimizerMetrics", "EvaluatorMetrics", "LauncherMetrics", "RoleMetrics",
-    "start_exporter", "metric_names", "register_process", "collect_targets", "write_file_sd",
+    "metric_names", "register_process", "collect_targets", "write_file_sd",
 ]
 
 BASE_LABELS = ("role", "rank", "run")
@@ -425,9 +425,3 @@ def metric_names(registry: CollectorRegistry) -> list[str]:
     for family in registry.collect():
         names.append(family.name + "_total" if family.type == "counter" else family.name)
     return sorted(names)
-
-
-def start_exporter(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> int:
-    """Serve ``registry`` on /metrics from a daemon thread; ``port=0`` picks a free port. Returns the bound port."""
-    server, _ = start_http_server(port, addr=addr, registry=registry)
-    return server.server_port

@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="rollout worker processes (run.num_workers)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no live progress line")
+    p.add_argument("--in-process", action="store_true",
+                   help="the same roles as threads of this one process (for a debugger and fast tests)")
 
     p = sub.add_parser("config", help="show the effective configuration")
     p.add_argument("action", choices=["show"])
@@ -137,7 +139,7 @@ def cmd_train(args) -> int:
         cfg = load(args, extra + ([f'run.dir="{args.run_dir}"'] if args.run_dir else []))
         if not cfg.run.dir:  # no directory asked for: a fresh one, never someone's earlier run
             cfg.run.dir = _fresh_run_dir(cfg.run.name)
-    return run_train(cfg, resume=args.resume, show_progress=not args.no_progress)
+    return run_train(cfg, resume=args.resume, show_progress=not args.no_progress, in_process=args.in_process)
 
 
 def _fresh_run_dir(name: str) -> str:

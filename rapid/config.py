@@ -2,8 +2,8 @@
 validated once at start-up with every error reported together (the env's options included, against the
 options type the env declares). Every field is documented below it; `rapid config show --doc` prints them all.
 
->>> cfg = load_config("configs/default.toml", overrides=["ppo.lr=3e-4"])
->>> cfg.ppo.lr, cfg.derive().gamma
+>>> cfg = load_config(None, overrides=["ppo.lr=3e-4", "ppo.horizon_s=50"])   # or a TOML file first
+>>> cfg.ppo.lr, cfg.derive(seconds_per_step=1.0).gamma
 (0.0003, 0.98)
 >>> load_config(None, ["env.name=moba", "env.options.heros_per_side=2"])
 Traceback (most recent call last):

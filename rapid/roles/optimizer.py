@@ -101,7 +101,7 @@ def decode_workers(cfg: Config) -> int:
 def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo(), ctx=None,
                   stop: StopFlag | None = None) -> int:
     log = setup_logging(f"optimizer-{rank.rank}")
-    stop = stop or StopFlag()
+    stop = StopFlag() if stop is None else stop  # an unset flag is falsy
     torch.set_num_threads(cfg.optimizer.torch_threads)
     torch.manual_seed(cfg.run.seed)
     lead = rank.rank == 0
