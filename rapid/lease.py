@@ -161,6 +161,12 @@ class RunLease:
         self._thread = threading.Thread(target=loop, name="run-lease", daemon=True)
         self._thread.start()
 
+    def abandon(self) -> None:
+        """Undo :meth:`acquire` of a holder that never started: remove the epoch it wrote."""
+        if self.held and self._thread is None:
+            self.store.delete(lease_key(self.epoch))
+        self.epoch = None
+
     def release(self) -> None:
         """Stop renewing and mark the lease free (best effort: an unreleased lease expires anyway)."""
         self._done.set()

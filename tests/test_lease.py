@@ -163,3 +163,16 @@ def test_real_optimizer_refused_on_s3_while_another_holds_the_lease(tmp_path, s3
     errors = [line for line in out.stderr.splitlines() if " INFO " not in line]
     assert len(errors) == 1 and "another-host pid 4242" in errors[0], out.stderr
     assert listing(s3_store) == before
+
+
+def test_optimizer_that_cannot_start_leaves_no_lease(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    args = optimizer_args(tmp_path, "metrics.enabled=false")
+    store = LocalStore(tmp_path / "run" / "store")
+    out = subprocess.run([*args, "--resume"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert out.returncode == 2 and "no usable checkpoint" in out.stderr, out.stderr
+    assert store.list("") == [], "a failed resume writes nothing, not even a lease"
+    store.put("params/000000000000.rpm", b"x")  # a run already started: a fresh start is refused
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert out.returncode == 2 and "already holds published parameters" in out.stderr, out.stderr
+    assert store.list("") == ["params/000000000000.rpm"]

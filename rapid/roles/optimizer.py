@@ -120,13 +120,18 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo()
     # Where this run stands: a fresh start publishes version 0; a resume loads the newest usable checkpoint
     # and continues after the newest version in use anywhere in the store, so no version is used twice.
     version, updates = 0, 0
-    if resume:
-        point = resume_point(store, policy, learner.adam, log)
-        version, updates = point.version, point.updates
-        learner.updates = updates
-        log.info("resumed from %s (update %d); next version %d", point.source, updates, version + 1)
-    elif newest_version_in_use(store) is not None:
-        raise UsageError(f"{store.describe()} already holds published parameters; use --resume or a new run dir")
+    try:
+        if resume:
+            point = resume_point(store, policy, learner.adam, log)
+            version, updates = point.version, point.updates
+            learner.updates = updates
+            log.info("resumed from %s (update %d); next version %d", point.source, updates, version + 1)
+        elif newest_version_in_use(store) is not None:
+            raise UsageError(f"{store.describe()} already holds published parameters; use --resume or a new run dir")
+    except UsageError:
+        if lease:
+            lease.abandon()  # this optimizer never started: the store is left as it was
+        raise
     if lease:
         lease.keep(stop)
     if ctx is not None:
