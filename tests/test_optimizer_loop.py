@@ -62,5 +62,5 @@ def test_a_dead_loader_thread_ends_the_role_with_one_line(tmp_path, monkeypatch,
     monkeypatch.setattr(ExperienceLoader, "poll_once", die)
     with caplog.at_level(logging.ERROR):
         assert optimizer.run_optimizer(cfg, stop=StopFlag(install_signals=False)) == 1
-    lines = [r.message for r in caplog.records if r.levelno >= logging.ERROR]
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert lines == ["the experience loader thread ended unexpectedly; stopping the optimizer"]

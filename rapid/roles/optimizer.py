@@ -170,7 +170,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo()
             batch = _wait_for_batch(buffer, balancer.batch, pos.version, rng, settings.target_reuse, stop, loader,
                                     started + 60 * cfg.run.minutes if cfg.run.minutes else math.inf)
             if loader.failure and not stop:
-                log.error("%s; stopping the optimizer", loader.failure)
+                report.loader_failed(loader.failure)
                 stop.set("loader thread died")
                 exit_code = 1
             if cfg.run.updates and updates >= cfg.run.updates:

@@ -84,6 +84,11 @@ class OptimizerReport:
         log.error("update failed on its batch and was skipped (%d so far): %s: %s",
                   self.failures, type(error).__name__, error)
 
+    def loader_failed(self, failure: str) -> None:
+        """The one line a dead loader thread gets; its gauge drops to 0 for the dashboards and alerts."""
+        self.metrics.loader(False)
+        log.error("%s; stopping the optimizer", failure)
+
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=30)
