@@ -20,9 +20,8 @@ from rapid.config import load_config
 from rapid.envs.registry import make_env
 from rapid.monitoring.metrics import OptimizerMetrics, RolloutMetrics
 from rapid.opt.learner import Learner
-from rapid.roles.rollout import rollout_settings
 from rapid.roles.startup import build_policy
-from rapid.rollout_worker import RolloutWorker
+from rapid.rollout_worker import RolloutSettings, RolloutWorker
 
 CASES = [
     ("connect_four_v3", "configs/default.toml", []),
@@ -34,7 +33,7 @@ CASES = [
 def bench_rollout(cfg, seconds: float, with_metrics: bool) -> tuple[float, float, dict]:
     env = make_env(cfg.env.name, cfg.env.num_games, 0, cfg.env.options)
     policy = build_policy(cfg, env.spec)
-    worker = RolloutWorker(env, policy, rollout_settings(cfg, env.spec.seconds_per_step), seed=0)
+    worker = RolloutWorker(env, policy, RolloutSettings.of(cfg, env.spec), seed=0)
     worker.set_params(0, policy.tensors())
     metrics = RolloutMetrics(run="bench") if with_metrics else None
     segment = worker.collect()  # warm-up

@@ -13,7 +13,7 @@ Every slot of the vector env plays the same number of games, so short games are 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -107,9 +107,12 @@ def play_match(env: VecMultiAgentEnv, player_a: Player, player_b: Player, games:
     lengths = []
     step = env.reset(seed=seed)
     while (played < quota).any():
-        acts_a, acts_b = player_a.act(step), player_b.act(step)
-        a_rows = (sides[None, :] == side_a[:, None])[..., None]
-        step = env.step(np.where(a_rows, acts_a, acts_b))
+        a_rows = sides[None, :] == side_a[:, None]
+        # Each player sees only its own agents as active, so a bot that searches (lookahead) does it for
+        # the moves it makes, not for the other side's too.
+        acts_a = player_a.act(replace(step, active=step.active & a_rows))
+        acts_b = player_b.act(replace(step, active=step.active & ~a_rows))
+        step = env.step(np.where(a_rows[..., None], acts_a, acts_b))
         for ep in step.episodes:
             b = ep.game
             if played[b] < quota[b]:

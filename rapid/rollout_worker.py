@@ -3,7 +3,7 @@ learner's experience into samples (SPEC §3).
 
 Usage::
 
-    worker = RolloutWorker(env, policy, settings, opponents, seed)
+    worker = RolloutWorker(env, policy, RolloutSettings.of(cfg, env.spec), opponents, seed)
     worker.set_params(version, tensors)
     while running:
         segment = worker.collect()          # samples of bptt steps, GAE done, stamped with version
@@ -21,21 +21,31 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from rapid.envs.base import ScriptedBot, StepResult, VecMultiAgentEnv
+from rapid.config import Config
+from rapid.envs.base import EnvSpec, ScriptedBot, StepResult, VecMultiAgentEnv
 from rapid.opt import losses
 from rapid.opt.model import Policy
 
 LATEST = "latest"
 
 
-@dataclass
+@dataclass(frozen=True)
 class RolloutSettings:
+    """The worker's view of the config: values from the sections that hold the defaults and the checks
+    (``rollout``, ``ppo``) and the env's step length, built in one place (``of``); no defaults of its own."""
+
     bptt: int
     segment_steps: int
     gamma: float
     gae_lambda: float
     team_spirit: float
     zero_sum: bool
+
+    @classmethod
+    def of(cls, cfg: Config, spec: EnvSpec) -> RolloutSettings:
+        d = cfg.derive(spec.seconds_per_step)
+        return cls(bptt=cfg.rollout.bptt, segment_steps=d.segment_steps, gamma=d.gamma,
+                   gae_lambda=cfg.ppo.gae_lambda, team_spirit=cfg.ppo.team_spirit, zero_sum=cfg.ppo.zero_sum)
 
 
 @dataclass

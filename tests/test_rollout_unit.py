@@ -218,3 +218,15 @@ def test_uploader_backlog_stat_after_failed_flush(tmp_path, segments):
         up.add(seg)
         up.flush()
     assert up.stats.backlog == 2
+
+
+def test_settings_are_a_view_of_the_config():
+    """The worker's settings come from the config's sections and the env's step length, in one place."""
+    from rapid.config import load_config
+
+    cfg = load_config("configs/default.toml", overrides=["ppo.horizon_s=25", "rollout.bptt=8"])
+    env = PettingZooVecEnv("pettingzoo.classic.connect_four_v3", num_games=1)
+    s = RolloutSettings.of(cfg, env.spec)
+    assert s.bptt == 8 and s.segment_steps == 8 * cfg.rollout.samples_per_segment
+    assert math.isclose(s.gamma, 1 - 0.5 / 25)          # a move is half a round of connect four
+    assert (s.gae_lambda, s.team_spirit, s.zero_sum) == (cfg.ppo.gae_lambda, cfg.ppo.team_spirit, cfg.ppo.zero_sum)

@@ -25,12 +25,6 @@ from rapid.rollout_worker import RolloutSettings, RolloutWorker
 from rapid.uploader import Uploader
 
 
-def rollout_settings(cfg: Config, seconds_per_step: float) -> RolloutSettings:
-    d = cfg.derive(seconds_per_step)
-    return RolloutSettings(bptt=cfg.rollout.bptt, segment_steps=d.segment_steps, gamma=d.gamma,
-                           gae_lambda=cfg.ppo.gae_lambda, team_spirit=cfg.ppo.team_spirit, zero_sum=cfg.ppo.zero_sum)
-
-
 def _wait_for_first_params(poller: ParamPoller, stop: StopFlag, log) -> tuple[int, dict] | None:
     """The first good version the poller fetches; None if stopped before the optimizer published one."""
     started, warned = time.monotonic(), False
@@ -57,7 +51,7 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
     env = make_env(cfg.env.name, num_games=cfg.env.num_games, seed=seed, options=cfg.env.options)
     policy = build_policy(cfg, env.spec)
     opponents = LeagueOpponents(League(store), cfg, env, lambda: build_policy(cfg, env.spec))
-    worker = RolloutWorker(env, policy, rollout_settings(cfg, env.spec.seconds_per_step), opponents, seed=seed)
+    worker = RolloutWorker(env, policy, RolloutSettings.of(cfg, env.spec), opponents, seed=seed)
     uploader = Uploader(store, worker_id, cfg.rollout.upload_interval_s, cfg.rollout.max_backlog,
                         on_upload=metrics.samples_uploaded, on_episodes=ResultReporter(store, worker_id),
                         on_failure=metrics.upload_failed, on_drop=metrics.backlog_dropped)
