@@ -148,10 +148,12 @@ def resolve_version(params: ParameterStore, text: str) -> int:
     return version
 
 
-def make_player(text: str, cfg: Config, env: VecMultiAgentEnv, params: ParameterStore, seed: int = 0) -> Player:
-    """A bot of the env by name (``random``, ``lane``…) or a published policy version."""
+def make_player(text: str, cfg: Config, env: VecMultiAgentEnv, params: ParameterStore, seed: int = 0,
+                greedy: bool = False) -> Player:
+    """A bot of the env by name (``random``, ``lookahead``, ``lane``…) or a published policy version, which
+    samples its actions or, with ``greedy``, plays the most likely one."""
     name = text.removeprefix("bot:")
     if name in env.bot_names():
         return env.make_bot(name, seed)
     version = resolve_version(params, text)
-    return PolicyPlayer(load_policy(cfg, env.spec, params, version), f"v{version}")
+    return PolicyPlayer(load_policy(cfg, env.spec, params, version), f"v{version}", greedy=greedy)

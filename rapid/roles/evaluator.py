@@ -21,7 +21,7 @@ from rapid.roles.startup import JsonlLog, StopFlag, build_policy, open_run_store
 
 def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
     log = setup_logging("evaluator")
-    stop = stop or StopFlag()
+    stop = StopFlag() if stop is None else stop  # an unset flag is falsy
     torch.set_num_threads(1)
     metrics = start_metrics(EvaluatorMetrics, cfg)
     store = open_run_store(cfg, metrics)

@@ -1,0 +1,114 @@
+"""Learning strength from the shipped configs, measured as a user would: `rapid train`, then `rapid eval`.
+
+    python benchmarks/bench_learning.py c4                 # connect four, 5 min: greedy vs random and lookahead
+    python benchmarks/bench_learning.py league             # the same run against its latest policy only
+    python benchmarks/bench_learning.py moba --seeds 0 1 2 # moba 1v1, 20 min a seed: first minute ≥ 70% vs lane
+
+Each run goes to a fresh directory under --out (default: a temporary one). Every figure line starts with the
+machine's load (``uptime``): the runs share the CPU with whatever else runs. It takes many minutes; it is a
+benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RAPID = [sys.executable, "-m", "rapid.cli"]
+
+
+def load() -> str:
+    return "load " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def train(config: str, run_dir: Path, minutes: float, overrides: list[str]) -> float:
+    started = time.time()
+    cmd = RAPID + ["train", "--config", config, "--run-dir", str(run_dir), "--minutes", str(minutes),
+                   "--no-progress"] + [x for o in overrides for x in ("--set", o)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=60 * minutes + 600)
+    return started
+
+
+def evaluate(run_dir: Path, against: str, games: int) -> str:
+    out = subprocess.run(RAPID + ["eval", "--run-dir", str(run_dir), "--against", against, "--games", str(games),
+                                  "--greedy", "--seed", "9001"], check=True, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def curve(run_dir: Path, started: float, opponent: str) -> list[tuple[float, int, float]]:
+    """(minutes since start, version, win rate) of every evaluation against ``opponent`` during training."""
+    rows = [json.loads(line) for line in (run_dir / "logs" / "eval.jsonl").read_text().splitlines() if line]
+    return [(round((r["time"] - started) / 60, 2), r["version"], r["win_rate"]) for r in rows
+            if r.get("opponent") == opponent]
+
+
+def bench_c4(out: Path, minutes: float, games: int, name: str, overrides: list[str]) -> None:
+    run = out / name
+    print(f"[{name}] training connect four {minutes:g} min ({load()}) {' '.join(overrides)}", flush=True)
+    train("configs/default.toml", run, minutes, overrides)
+    print(f"[{name}] trained ({load()})", flush=True)
+    for against in ("bot:random", "bot:lookahead"):
+        print(f"[{name}] {evaluate(run, against, games)} ({load()})", flush=True)
+
+
+def plot_curves(curves: dict[str, list[tuple[float, int, float]]], opponent: str, png: Path) -> None:
+    """Win rate against ``opponent`` over wall-clock minutes, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for label, points in curves.items():
+        ax.plot([m for m, _, _ in points], [w for _, _, w in points], marker=".", label=label)
+    ax.axhline(0.7, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("minutes of training")
+    ax.set_ylabel(f"win rate vs {opponent}")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    print(f"curves: {png}")
+
+
+def bench_moba(out: Path, minutes: float, games: int, seeds: list[int]) -> None:
+    curves = {}
+    for seed in seeds:
+        run = out / f"moba-s{seed}"
+        print(f"[moba seed {seed}] training {minutes:g} min ({load()})", flush=True)
+        started = train("configs/moba-1v1.toml", run, minutes, [f"run.seed={seed}"])
+        points = curves[f"seed {seed}"] = curve(run, started, "lane")
+        first = next((m for m, _, w in points if w >= 0.7), None)
+        print(f"[moba seed {seed}] curve vs lane (min, version, win rate): {points}")
+        print(f"[moba seed {seed}] first ≥ 70% vs lane at {first} min; "
+              f"final: {evaluate(run, 'bot:lane', games)} ({load()})", flush=True)
+    plot_curves(curves, "lane", out / "moba-1v1-self-play.png")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", nargs="+", choices=["c4", "league", "moba"])
+    p.add_argument("--minutes", type=float, help="training minutes (default: 5 for connect four, 20 for moba)")
+    p.add_argument("--games", type=int, default=1000, help="evaluation games (default 1000)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="moba seeds (default 0 1 2)")
+    p.add_argument("--out", help="directory for the runs (default: a temporary one)")
+    args = p.parse_args()
+    out = Path(args.out or tempfile.mkdtemp(prefix="bench-learning-"))
+    for what in args.what:
+        if what == "c4":
+            bench_c4(out, args.minutes or 5.0, args.games, "c4-league", [])
+        elif what == "league":
+            bench_c4(out, args.minutes or 5.0, args.games, "c4-latest-only", ["league.latest_prob=1.0"])
+        else:
+            bench_moba(out, args.minutes or 20.0, min(args.games, 200), args.seeds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
