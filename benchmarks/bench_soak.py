@@ -140,7 +140,7 @@ class Planter:
             os.symlink("/dev/zero", path)
         elif kind == "odd-name":
             odd = self.rng.choice(["²³", "٣٤", "a b", "-x", ".hidden", "x\udcff"])
-            target = os.fsencode(str(path.parent / f"{odd}{ext}"))
+            target = os.fsencode(str(path.parent / f"{odd}{self.n}{ext}"))  # distinct, so each is countable
             with open(target, "wb") as f:
                 f.write(real[:64])
         else:
