@@ -21,6 +21,9 @@ USAGE_NOT_YET_RUNNABLE = {
     "rapid.opponents", "rapid.league.pool", "rapid.league.sampling", "rapid.league.results",
     "rapid.league.ratings", "rapid.rollout_worker", "rapid.checkpoints", "rapid.opt.buffer", "rapid.opt.learner",
     "rapid.infra.s3", "rapid.infra.store", "rapid.infra.distributed", "rapid.monitoring.metrics",
+    # added by the issue 10-12 work merged since
+    "rapid.balance", "rapid.decode_pool", "rapid.publisher", "rapid.roles.optimizer_report", "rapid.lease",
+    "rapid.envs.board_bots",
 }
 
 # A literal block introduced by a line ending in "Usage…::" whose first line is not a ">>>" example.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -41,6 +42,7 @@ def test_in_process_sigint_stops_every_role_and_checkpoints(tmp_path):
     try:
         params = ParameterStore(LocalStore(run / "store"))
         wait_for(lambda: (params.latest_version() or 0) >= 2, 180, "version 2")
+        assert _children(proc.pid) == [], "every role is a thread of the one process, decoding included"
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=150) == 0, log.read_text()
     finally:
@@ -71,3 +73,7 @@ def test_a_role_thread_ends_like_its_process_would(tmp_path, caplog):
     roles[0].stop()
     waiting.wait(10)
     assert flag and waiting.returncode == 1 and not waiting.alive()
+
+
+def _children(pid: int) -> list[str]:
+    return [c for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]

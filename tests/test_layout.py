@@ -90,8 +90,8 @@ def test_console_scripts():
 # Files owned by other open work that still cite the product brief; emptied as they are converted.
 SPEC_CITATIONS_LEFT = {
     "monitoring/metrics.py", "rapid/formats/codec.py", "rapid/formats/experience.py", "rapid/roles/rollout.py",
-    "rapid/roles/optimizer.py", "rapid/league/pool.py", "rapid/league/sampling.py", "rapid/league/__init__.py",
-    "rapid/league/ratings.py", "rapid/rollout_worker.py", "opt/model.py", "infra/s3.py", "infra/store.py",
+    "rapid/league/pool.py", "rapid/league/sampling.py", "rapid/league/__init__.py",
+    "rapid/league/ratings.py", "rapid/rollout_worker.py", "infra/s3.py", "infra/store.py",
     "infra/distributed.py",
 }
 

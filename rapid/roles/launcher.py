@@ -5,13 +5,15 @@ The launcher starts the optimizer, N rollout workers and the evaluator as child 
 after its final checkpoint). Children also get SIGTERM if the launcher itself dies, so none is orphaned.
 
 With ``in_process`` (`rapid train --in-process`) the same role mains run as threads of the launcher's process
-instead, sharing one stop flag, their logs in ``logs/in-process.log``: one process a debugger can follow from
-the env to the gradient, and fast tests. Progress, restarts and the summary are the same.
+instead, sharing one stop flag, their logs in ``logs/in-process.log``, experience decoded inline (no decode
+worker processes): one process a debugger can follow from the env to the gradient, and fast tests. Progress,
+restarts and the summary are the same.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
 import signal
@@ -154,6 +156,8 @@ def _threads(cfg: Config, run_dir: Path, resume: bool, workers: int, seed_offset
 
     log = run_dir / "logs" / "in-process.log"
     log_to_file(log)
+    # One process means one: the optimizer decodes experience inline instead of in worker processes.
+    cfg = dataclasses.replace(cfg, optimizer=dataclasses.replace(cfg.optimizer, decode_workers=0))
     optimizer = ThreadRole("optimizer", lambda: run_optimizer(cfg, resume=resume, stop=stop), log, stop)
     rollouts = [ThreadRole(f"rollout-{i}", lambda i=i: run_rollout(
         cfg, f"w{i}", rollout_seed(cfg.run.seed, f"w{i}", i) + seed_offset, stop=stop, rank=i), log, stop)
