@@ -200,15 +200,14 @@ def cmd_role(args) -> int:
             from rapid.roles.evaluator import run_evaluator
 
             return run_evaluator(cfg)
-        from rapid.roles.optimizer import RankInfo, run_optimizer
+        from rapid.roles.optimizer import run_optimizer
 
-        rank = RankInfo(identity.rank, identity.size, identity.local_rank)
         if identity.size == 1:
-            return run_optimizer(cfg, resume=args.resume, rank=rank)
+            return run_optimizer(cfg, resume=args.resume, rank=identity)
         from rapid.infra.distributed import init_process_group
 
         with init_process_group(identity) as ctx:
-            return run_optimizer(cfg, resume=args.resume, rank=rank, ctx=ctx)
+            return run_optimizer(cfg, resume=args.resume, rank=identity, ctx=ctx)
 
 
 def cmd_replay(args) -> int:

@@ -27,6 +27,7 @@ from rapid.errors import FormatError, UsageError
 from rapid.formats.checkpoint import Checkpoint
 from rapid.formats.experience import Shape
 from rapid.formats.params import ParamsObject
+from rapid.infra.distributed import ALONE, Identity
 from rapid.infra.store import StoreError
 from rapid.league import League, PoolConflict, ResultFolder, ensure_bots
 from rapid.lease import RunLease
@@ -42,13 +43,6 @@ from rapid.roles.startup import JsonlLog, StopFlag, build_policy, env_spec, open
 FOLD_EVERY_S = 5.0
 MAX_FAILED_IN_ROW = 50  # a bad batch is skipped; this many in a row is a broken learner, not bad data
 LEAGUE_ERRORS = (StoreError, FormatError, PoolConflict, ValueError, ArithmeticError)
-
-
-@dataclass
-class RankInfo:
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
 
 
 def pick_device(cfg: Config, local_rank: int) -> torch.device:
@@ -98,7 +92,7 @@ def decode_workers(cfg: Config) -> int:
     return auto_workers() if n < 0 else n
 
 
-def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo(), ctx=None,
+def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx=None,
                   stop: StopFlag | None = None) -> int:
     log = setup_logging(f"optimizer-{rank.rank}")
     stop = StopFlag() if stop is None else stop  # an unset flag is falsy
@@ -115,7 +109,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo()
     device = pick_device(cfg, rank.local_rank)
     learner = Learner(policy, cfg.ppo, device, microbatch_samples=cfg.optimizer.microbatch_samples,
                       all_reduce=ctx.all_reduce_gradients if ctx else None,
-                      all_reduce_scalars=ctx.all_reduce_scalars if ctx else None, world_size=rank.world)
+                      all_reduce_scalars=ctx.all_reduce_scalars if ctx else None, world_size=rank.size)
 
     # Where this run stands: a fresh start publishes version 0; a resume loads the newest usable checkpoint
     # and continues after the newest version in use anywhere in the store, so no version is used twice.
@@ -144,7 +138,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo()
     shape = Shape.of(spec, bptt=cfg.rollout.bptt, lstm=cfg.model.lstm)
     buffer = ExperienceBuffer(cfg.optimizer.buffer_samples, cfg.optimizer.max_staleness)
     pos = Position(version, updates)
-    loader = ExperienceLoader(store, shape, buffer, rank.rank, rank.world, cfg.optimizer.poll_s,
+    loader = ExperienceLoader(store, shape, buffer, rank.rank, rank.size, cfg.optimizer.poll_s,
                               cfg.store.retention_s, on_bad=lambda key, why: metrics.bad_object(_reason(why)),
                               on_load=lambda n, nbytes, s: metrics.samples_downloaded(n, nbytes, s),
                               decode_workers=decode_workers(cfg), current_version=lambda: pos.version)
