@@ -53,11 +53,16 @@ def env_spec(cfg: Config) -> EnvSpec:
     return spec
 
 
-def build_policy(cfg: Config, spec: EnvSpec):
+def build_policy(cfg: Config, spec: EnvSpec, tensors: dict | None = None):
+    """The run's policy for ``spec``; with ``tensors`` (a published version or snapshot), loaded and in eval mode."""
     from rapid.opt.model import Policy
 
-    return Policy(spec.obs_dim, spec.action_heads, hidden=cfg.model.hidden, encoder_layers=cfg.model.encoder_layers,
-                  lstm=cfg.model.lstm, obs_clip=cfg.ppo.obs_clip)
+    policy = Policy(spec.obs_dim, spec.action_heads, hidden=cfg.model.hidden,
+                    encoder_layers=cfg.model.encoder_layers, lstm=cfg.model.lstm, obs_clip=cfg.ppo.obs_clip)
+    if tensors is not None:
+        policy.load_tensors(tensors)
+        policy.eval()
+    return policy
 
 
 def rollout_seed(run_seed: int, worker: str, rank: int) -> int:
