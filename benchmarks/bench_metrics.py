@@ -1,4 +1,4 @@
-"""Cost of rapid.monitoring calls in the rollout and optimizer loops (SPEC §9; issue 6: < 2% throughput).
+"""Cost of rapid.monitoring calls in the rollout and optimizer loops (issue 6: < 2% throughput).
 
 Usage::
 

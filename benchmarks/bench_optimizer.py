@@ -51,7 +51,6 @@ def worker(batch: int, updates: int, microbatch: int) -> None:
     from rapid.formats.experience import Shape
     from rapid.infra.distributed import abort_on_error, detect_identity, init_process_group
     from rapid.opt.learner import Learner
-    from rapid.roles.optimizer import learner_settings
     from rapid.roles.startup import build_policy, env_spec
 
     identity = detect_identity()
@@ -63,8 +62,9 @@ def worker(batch: int, updates: int, microbatch: int) -> None:
         spec = env_spec(cfg)
         policy = build_policy(cfg, spec)
         dist.broadcast_parameters(policy)
-        learner = Learner(policy, learner_settings(cfg), "cpu", all_reduce=dist.all_reduce_gradients,
-                          all_reduce_scalars=dist.all_reduce_scalars)
+        learner = Learner(policy, cfg.ppo, "cpu", microbatch_samples=cfg.optimizer.microbatch_samples,
+                          all_reduce=dist.all_reduce_gradients, all_reduce_scalars=dist.all_reduce_scalars,
+                          world_size=dist.size)
         shape = Shape.of(spec, bptt=cfg.rollout.bptt, lstm=cfg.model.lstm)
         data = synthetic_batch(shape, batch, spec.action_heads, seed=identity.rank)
         times, reduce_share = [], []

@@ -20,7 +20,6 @@ from rapid.config import load_config
 from rapid.envs.registry import make_env
 from rapid.monitoring.metrics import OptimizerMetrics, RolloutMetrics
 from rapid.opt.learner import Learner
-from rapid.roles.optimizer import learner_settings
 from rapid.roles.startup import build_policy
 from rapid.rollout_worker import RolloutSettings, RolloutWorker
 
@@ -52,7 +51,7 @@ def bench_rollout(cfg, seconds: float, with_metrics: bool) -> tuple[float, float
 
 def bench_optimizer(cfg, arrays: dict, seconds: float, with_metrics: bool, batch: int = 256) -> tuple[float, float]:
     env = make_env(cfg.env.name, 1, 0, cfg.env.options)
-    learner = Learner(build_policy(cfg, env.spec), learner_settings(cfg))
+    learner = Learner(build_policy(cfg, env.spec), cfg.ppo)
     metrics = OptimizerMetrics(run="bench") if with_metrics else None
     rng = np.random.default_rng(0)
     idx = rng.integers(0, len(arrays["version"]), batch)

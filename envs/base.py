@@ -1,19 +1,25 @@
-"""The vectorized multi-agent environment interface (SPEC §7).
+"""The vectorized multi-agent environment interface: the first stop of the data path (docs/architecture.md).
 
 One object steps ``B`` games at once. Every game has the same ``A`` agents, split into two sides
 (``spec.side_of_agent``). Actions are factorized into heads (``spec.action_heads`` gives each head's size);
 action masks concatenate the heads' masks along the last axis.
 
-Usage loop::
+Usage (a rollout worker's loop, with a random player choosing the actions)::
 
-    env = make_env(cfg.env, num_games=64, seed=0)
-    step = env.reset()
-    while True:
-        actions = choose(step.obs, step.action_mask)      # int64 [B, A, heads]
-        step = env.step(actions)
-        learn(step.rewards, step.terminated | step.truncated)
-        for ep in step.episodes:                           # games that ended on this step
-            record(ep.winner, ep.length)
+    >>> from rapid.envs.registry import make_env
+    >>> env = make_env("moba", num_games=4, seed=0)
+    >>> step = env.reset()
+    >>> step.obs.shape, step.action_mask.shape, env.spec.action_heads   # [B, A, obs_dim], [B, A, sum(heads)]
+    ((4, 2, 101), (4, 2, 27), (6, 8, 13))
+    >>> player = env.make_bot("random", seed=1)
+    >>> for t in range(600):
+    ...     actions = player.act(step)                 # int64 [B, A, heads]
+    ...     step = env.step(actions)                   # step.rewards [B, A], step.done [B]
+    ...     if step.episodes:                          # games that ended on this step
+    ...         break
+    >>> ep = step.episodes[0]
+    >>> ep.winner in (-1, 0, 1), bool(step.done[ep.game]), ep.length == t + 1
+    (True, True, True)
 
 A game that ends is reset on the same step: ``step.obs`` then already shows the new game's first
 observation, and ``step.first[b]`` is True on the step after, when its agents act for the first time.
@@ -46,9 +52,6 @@ class EnvSpec:
     @property
     def mask_dim(self) -> int:
         return int(sum(self.action_heads))
-
-    def agents_of_side(self, side: int) -> np.ndarray:
-        return np.flatnonzero(np.asarray(self.side_of_agent) == side)
 
 
 @dataclass
@@ -132,10 +135,11 @@ def winner_from_returns(side_returns: tuple[float, float]) -> int:
 class ScriptedBot(abc.ABC):
     """A hand-written player. It sees the env (game state included), not only observations.
 
-    Usage::
-
-        bot = env.make_bot("lane", seed=1)
-        actions = bot.act(step)          # [B, A, heads]; the caller keeps the rows of the bot's side
+    >>> from rapid.envs.moba import MobaVecEnv
+    >>> env = MobaVecEnv(num_games=2, seed=0)
+    >>> bot = env.make_bot("lane", seed=1)
+    >>> bot.act(env.reset()).shape       # [B, A, heads]; the caller keeps the rows of the bot's side
+    (2, 2, 3)
     """
 
     name: str

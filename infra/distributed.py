@@ -67,6 +67,10 @@ class Identity:
         return self.launcher == "mpi"
 
 
+ALONE = Identity(rank=0, size=1, local_rank=0, local_size=1, hostname="localhost")
+"""A process that is its own whole job (tests, `rapid train`'s children, a debugger)."""
+
+
 def _started_by_mpi_launcher() -> bool:
     return any(name in os.environ for name in _MPI_LAUNCHER_VARS)
 

@@ -228,10 +228,8 @@ class LocalStore(Store):
             key = f"{rel}/{entry.name}" if rel else entry.name
             if entry.name.startswith(".tmp-"):
                 self._remove_if_stale(entry, stale_before)
-            elif entry.name.startswith("."):
-                continue
             elif entry.is_dir(follow_symlinks=False):
-                if (key + "/").startswith(prefix) or prefix.startswith(key + "/"):
+                if not entry.name.startswith(".") and ((key + "/").startswith(prefix) or prefix.startswith(key + "/")):
                     self._walk(Path(entry.path), key, prefix, keys, stale_before)
             elif entry.is_file(follow_symlinks=False) and key.startswith(prefix):
                 keys.append(key)

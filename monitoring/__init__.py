@@ -1,6 +1,6 @@
 """Monitoring: Prometheus metrics per role, exporter and target discovery, Prometheus/Grafana assets, reports.
 
-Bottom layer: imports nothing else from the project and never torch (SPEC §2).
+Bottom layer: imports nothing else from the project and never torch (see docs/architecture.md, Layers).
 """
 
 from rapid.monitoring.metrics import (
@@ -10,7 +10,6 @@ from rapid.monitoring.metrics import (
     RolloutMetrics,
     collect_targets,
     register_process,
-    start_exporter,
     write_file_sd,
 )
 
@@ -21,6 +20,5 @@ __all__ = [
     "RolloutMetrics",
     "collect_targets",
     "register_process",
-    "start_exporter",
     "write_file_sd",
 ]

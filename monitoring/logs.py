@@ -1,12 +1,22 @@
-"""Reading a run's JSON-lines logs (``logs/optimizer.jsonl``, ``logs/eval.jsonl``): all at once for reports,
+r"""Reading a run's JSON-lines logs (``logs/optimizer.jsonl``, ``logs/eval.jsonl``): all at once for reports,
 or incrementally for a live display that polls every second.
 
 Usage::
 
-    rows = read_jsonl(run_dir / "logs" / "eval.jsonl")     # [] when the file does not exist yet
-    tail = JsonlTail(run_dir / "logs" / "optimizer.jsonl")
-    while running:
-        new = tail.poll()                                  # only the lines written since the last poll
+    >>> import tempfile
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> path = Path(tmp.name) / "eval.jsonl"
+    >>> read_jsonl(path)                                   # [] when the file does not exist yet
+    []
+    >>> tail = JsonlTail(path)
+    >>> _ = path.write_text('{"version": 1}\n{"version": 2}\n{"vers')   # the last line is being written
+    >>> tail.poll()                                        # only the complete lines written since the last poll
+    [{'version': 1}, {'version': 2}]
+    >>> with open(path, "a") as f:
+    ...     _ = f.write('ion": 3}\n')
+    >>> tail.poll(), len(tail.rows), len(read_jsonl(path))
+    ([{'version': 3}], 3, 3)
+    >>> tmp.cleanup()
 """
 
 from __future__ import annotations

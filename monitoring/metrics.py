@@ -38,7 +38,7 @@ from rapid.monitoring.targets import collect_targets, register_process, write_fi
 
 __all__ = [
     "RolloutMetrics", "OptimizerMetrics", "EvaluatorMetrics", "LauncherMetrics", "RoleMetrics",
-    "start_exporter", "metric_names", "register_process", "collect_targets", "write_file_sd",
+    "metric_names", "register_process", "collect_targets", "write_file_sd",
 ]
 
 BASE_LABELS = ("role", "rank", "run")
@@ -46,7 +46,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # Staleness in parameter versions; OpenAI Five saw learning slow badly from 8 on, so resolve 0..8 finely.
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
-UPDATE_PHASES = ("load", "forward", "backward", "allreduce", "step", "publish")
+UPDATE_PHASES = ("load", "forward", "backward", "allreduce", "step", "publish", "checkpoint", "report")
 # update(stats) key -> (gauge name, help); keys missing from a stats dict leave the gauge at its last value.
 UPDATE_STATS = {
     "policy_loss": ("rapid_policy_loss", "PPO clipped surrogate loss of the last update."),
@@ -58,11 +58,25 @@ UPDATE_STATS = {
     "grad_norm": ("rapid_grad_norm", "Global gradient norm of the last update."),
     "learning_rate": ("rapid_learning_rate", "Learning rate of the last update."),
 }
+# The optimizer's balancing decisions: balance(decision) key -> (gauge name, help).
+BALANCE_GAUGES = {
+    "batch": ("rapid_balance_batch_samples", "Samples per update chosen by the balancer."),
+    "publish_interval_s": ("rapid_balance_publish_interval_seconds", "Seconds between published versions."),
+    "target_reuse": ("rapid_balance_target_reuse", "Sample reuse the optimizer holds."),
+    "arrival_per_s": ("rapid_balance_arrival_samples_per_second", "Samples received per second (window)."),
+    "consumed_per_s": ("rapid_balance_consumed_samples_per_second", "Samples consumed per second (window)."),
+    "capacity_per_s": ("rapid_balance_capacity_samples_per_second",
+                       "Samples per second the optimizer consumes while busy (window)."),
+    "waste_share": ("rapid_balance_waste_ratio", "Share of received samples that left unused (window)."),
+    "overloaded": ("rapid_balance_overloaded", "1 while rollouts produce more than the optimizer can use."),
+}
 # Store operations the role helpers report under; store_op() accepts any other name too.
 OP_EXPERIENCE_PUT, OP_EXPERIENCE_GET, OP_PARAMS_GET = "experience_put", "experience_get", "params_get"
 # Why the optimizer rejects an experience object: undecodable bytes, wrong schema/shapes, NaN/inf inside.
 # Exported at 0 from the start so the dashboard and alerts see the series before the first rejection.
-BAD_OBJECT_REASONS = ("decode", "invalid", "nonfinite")
+BAD_OBJECT_REASONS = ("decode", "invalid", "nonfinite", "future", "error")
+# Why samples left the optimizer's buffer before any update used them.
+DROP_REASONS = ("stale", "evicted")
 
 class _StalenessCollector(Collector):
     """A histogram fed whole arrays at once: one numpy pass per batch instead of one observe() per sample.
@@ -265,6 +279,8 @@ class OptimizerMetrics(RoleMetrics):
         self._consumed = self._counter("rapid_samples_consumed_total", "Samples used by updates (with reuse).")
         self._dropped = self._counter("rapid_samples_dropped_total", "Samples dropped before use.", ("reason",))
         self._dropped_stale = self._dropped["stale"]
+        self._dropped_evicted = self._dropped["evicted"]
+        self._used = self._counter("rapid_samples_used_total", "Samples used by at least one update.")
         self._staleness = _StalenessCollector(self._labels)
         self.registry.register(self._staleness)
         self._reuse = self._gauge("rapid_sample_reuse", "Samples consumed by updates / samples received.")
@@ -279,6 +295,12 @@ class OptimizerMetrics(RoleMetrics):
         self._version = self._gauge("rapid_param_version", "Parameter version of the model being trained.")
         self._buffer = self._gauge("rapid_buffer_samples", "Samples in the local experience buffer.")
         self._win = self._gauge("rapid_win_rate", "Recent win rate of the learning side.", ("opponent",))
+        self._update_failures = self._counter(
+            "rapid_update_failures_total", "Updates that raised on their batch and were skipped.")
+        self._loader_alive = self._gauge("rapid_loader_alive", "1 while the experience loader thread runs.")
+        self._loader_errors = self._counter(
+            "rapid_loader_errors_total", "Unexpected errors the experience loader caught and went on from.")
+        self._balance = {key: self._gauge(name, doc) for key, (name, doc) in BALANCE_GAUGES.items()}
         self._store_metrics()
         self._episode_metrics()
         # Touching a child exports it at 0 from the start, so dashboards and rate() see every series.
@@ -286,6 +308,7 @@ class OptimizerMetrics(RoleMetrics):
             self._phase[phase]
         for reason in BAD_OBJECT_REASONS:
             self._bad[reason]
+        self._loader_alive.set(1)
         self._dl_bytes = self._store_bytes[OP_EXPERIENCE_GET]
         self._dl_seconds = self._store_seconds[OP_EXPERIENCE_GET]
         self._store_errors[OP_EXPERIENCE_GET]
@@ -300,6 +323,28 @@ class OptimizerMetrics(RoleMetrics):
 
     def samples_dropped_stale(self, n: int) -> None:
         self._dropped_stale.inc(n)
+
+    def samples_evicted_unused(self, n: int) -> None:
+        self._dropped_evicted.inc(n)
+
+    def samples_used(self, n: int) -> None:
+        """Samples drawn for the first time."""
+        self._used.inc(n)
+
+    def update_failed(self) -> None:
+        self._update_failures.inc()
+
+    def loader(self, alive: bool, new_errors: int = 0) -> None:
+        self._loader_alive.set(1 if alive else 0)
+        if new_errors:
+            self._loader_errors.inc(new_errors)
+
+    def balance(self, decision: Mapping[str, float]) -> None:
+        """The balancer's decisions (BALANCE_GAUGES keys; others are ignored)."""
+        for key, value in decision.items():
+            gauge = self._balance.get(key)
+            if gauge is not None:
+                gauge.set(float(value))
 
     def staleness(self, values) -> None:
         """Staleness of a batch of samples (array-like of version differences)."""
@@ -380,9 +425,3 @@ def metric_names(registry: CollectorRegistry) -> list[str]:
     for family in registry.collect():
         names.append(family.name + "_total" if family.type == "counter" else family.name)
     return sorted(names)
-
-
-def start_exporter(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> int:
-    """Serve ``registry`` on /metrics from a daemon thread; ``port=0`` picks a free port. Returns the bound port."""
-    server, _ = start_http_server(port, addr=addr, registry=registry)
-    return server.server_port

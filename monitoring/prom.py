@@ -1,15 +1,20 @@
 """Run a local Prometheus against a run's processes and query it (backs `rapid monitor` and the tests).
 
-Usage::
+``start_prometheus(run_dir)`` writes a config and the target list under ``<run_dir>/prometheus`` and starts the
+server (1 s scrapes); ``prom.wait_ready()``, ``query(prom.url, promql)``, ``check_dashboard_queries(prom.url,
+DASHBOARD_PATH, run)`` (the dashboard queries that return no data), ``prom.stop()``. ``run_monitor(run_dir)``
+does all of it for `rapid monitor`, until Ctrl-C. What they are built from::
 
-    prom = start_prometheus(run_dir, port=9090)        # config + targets under <run_dir>/prometheus, 1 s scrapes
-    prom.wait_ready()
-    refresh_targets(run_dir)                            # after more processes registered (file_sd re-reads it)
-    print(query(prom.url, 'sum(rate(rapid_env_steps_total[1m]))'))
-    missing = check_dashboard_queries(prom.url, DASHBOARD_PATH, run="demo", timeout=20)
-    prom.stop()
-
-    run_monitor(run_dir, port=9090)                     # all of the above for `rapid monitor`, until Ctrl-C
+    >>> import tempfile
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> run_dir = Path(tmp.name)
+    >>> targets = refresh_targets(run_dir, run="demo")      # after more processes registered (file_sd re-reads it)
+    >>> config = json.loads(render_config(targets))
+    >>> config["scrape_configs"][0]["honor_labels"], config["global"]["scrape_interval"]
+    (True, '1s')
+    >>> dashboard_queries(DASHBOARD_PATH, "demo")[0]        # each panel's PromQL, for one run
+    'sum(rate(rapid_env_steps_total{run="demo"}[1m]))'
+    >>> tmp.cleanup()
 
 Processes register themselves with ``rapid.monitoring.metrics.register_process``; the target list Prometheus
 reads is ``<run_dir>/metrics/targets.json`` (file_sd), regenerated from those registrations. The generated config
@@ -128,10 +133,14 @@ def start_prometheus(run_dir: str | os.PathLike, port: int = 0, scrape_interval:
     targets = refresh_targets(run_dir, run)
     config_path = home / "prometheus.yml"
     config_path.write_text(render_config(targets, ALERTS_PATH, scrape_interval))
-    port = port or free_port()
-    with open(home / "prometheus.log", "ab") as logfile:
+    return launch_prometheus(binary, config_path, home / "data", port or free_port(), home / "prometheus.log")
+
+
+def launch_prometheus(binary: str, config_path: Path, data_dir: Path, port: int, log_path: Path) -> PrometheusProcess:
+    """Start ``binary`` with ``config_path`` on 127.0.0.1:``port``, its output appended to ``log_path``."""
+    with open(log_path, "ab") as logfile:
         proc = PrometheusProcess(
-            [binary, f"--config.file={config_path}", f"--storage.tsdb.path={home / 'data'}",
+            [binary, f"--config.file={config_path}", f"--storage.tsdb.path={data_dir}",
              f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"],
             stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )

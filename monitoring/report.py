@@ -1,8 +1,16 @@
-"""Static end-of-run report for people without Grafana: PNG plots from a run's own JSON-lines logs.
+r"""Static end-of-run report for people without Grafana: PNG plots from a run's own JSON-lines logs.
 
 Usage::
 
-    files = write_report("runs/demo", "runs/demo/report")   # -> [.../throughput.png, ..., .../report.md]
+    >>> import json, tempfile
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> run_dir = Path(tmp.name)
+    >>> (run_dir / "logs").mkdir()
+    >>> rows = [{"time": t, "update": t, "version": t, "samples_per_s": 100.0 + t} for t in range(5)]
+    >>> _ = (run_dir / "logs" / "optimizer.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    >>> [p.name for p in write_report(run_dir, run_dir / "report")]   # plots of what the logs hold, and an index
+    ['throughput.png', 'report.md']
+    >>> tmp.cleanup()
 
 Reads ``<run_dir>/logs/optimizer.jsonl`` (one object per update: time, update, version, samples_per_s,
 policy_loss, value_loss, entropy, approx_kl, clip_fraction, explained_variance, staleness_mean, sample_reuse,

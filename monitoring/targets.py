@@ -1,10 +1,19 @@
-"""File-based discovery of a run's metrics exporters, and Prometheus file_sd target lists (SPEC §9).
+"""File-based discovery of a run's metrics exporters, and Prometheus file_sd target lists.
 
 Usage::
 
-    register_process(run_dir, "optimizer", rank, port)       # each process, once its exporter listens
-    targets = collect_targets(run_dir)                        # [{"role","rank","host","port","pid"}, ...]
-    write_file_sd(targets, run_dir / "metrics" / "targets.json", run="demo")   # what Prometheus reads
+    >>> import tempfile
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> run_dir = Path(tmp.name)
+    >>> _ = register_process(run_dir, "optimizer", 0, 9100)    # each process, once its exporter listens
+    >>> _ = register_process(run_dir, "rollout", 3, 9101)
+    >>> targets = collect_targets(run_dir)
+    >>> [(t["role"], t["rank"], t["port"]) for t in targets]
+    [('optimizer', 0, 9100), ('rollout', 3, 9101)]
+    >>> path = write_file_sd(targets, run_dir / "metrics" / "targets.json", run="demo")   # what Prometheus reads
+    >>> json.loads(path.read_text())[1]
+    {'targets': ['127.0.0.1:9101'], 'labels': {'role': 'rollout', 'rank': '3', 'run': 'demo'}}
+    >>> tmp.cleanup()
 
 Each process owns ``<run_dir>/metrics/<role>-<rank>.json``; a restarted process overwrites its own entry, and a
 dead one stays listed on purpose, so Prometheus reports it as ``up == 0`` (the rank-down alert).

@@ -2,9 +2,10 @@
 
 Usage::
 
-    learner = Learner(policy, LearnerSettings(...), device, all_reduce=ctx.all_reduce_gradients,
+    learner = Learner(policy, cfg.ppo, device, microbatch_samples=0, all_reduce=ctx.all_reduce_gradients,
                       all_reduce_scalars=ctx.all_reduce_scalars, world_size=ctx.size)
     stats = learner.update(batch)        # batch: dict of [S, T, ...] arrays (see rapid.formats.experience)
+    staged = learner.stage(next_batch)   # optional: on the device ahead of time; update(staged) as above
     if stats["skipped"]: ...             # non-finite loss, gradients or statistics: nothing was applied
 
 With several ranks every rank calls ``update`` in lock step; ``all_reduce`` averages the gradients and
@@ -19,65 +20,57 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from rapid.opt import losses
-from rapid.opt.model import Policy
+from rapid.opt.config import PPOConfig
+from rapid.opt.model import Policy, ResetFreeRuns
 
 STAGED = ("obs", "mask", "actions", "logp", "values", "advantages", "returns", "active", "first", "h0", "c0")
 DIAGNOSTICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
 
 
-@dataclass
-class LearnerSettings:
-    lr: float = 3e-4
-    clip: float = 0.2
-    value_coef: float = 0.5
-    entropy_coef: float = 0.01
-    entropy_final: float = -1.0
-    entropy_anneal_updates: int = 0
-    max_grad_norm: float = 5.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-5
-    microbatch: int = 0
-    normalize_returns: bool = True
-    value_clip: float = 0.0
-    """PPO2's value clipping, in normalized return units (0: off)."""
-    preserve_value_outputs: bool = True
-    """When the return scale moves, rescale the value head so its outputs in return units stay put (PopArt's
-    'preserving outputs')."""
-
-
 class Learner:
-    def __init__(self, policy: Policy, settings: LearnerSettings, device: torch.device | str = "cpu",
+    """``microbatch_samples``: gradient accumulation chunk (0: the whole batch at once); the gradient is the
+    same either way. ``bf16``: on CUDA, forward and backward under bfloat16 autocast (faster; the log-probs
+    then agree with the workers' to about 1e-2 instead of 1e-5). ``world_size``: the number of ranks, whose
+    means ``all_reduce_scalars`` returns."""
+
+    def __init__(self, policy: Policy, ppo: PPOConfig, device: torch.device | str = "cpu",
+                 microbatch_samples: int = 0, bf16: bool = False,
                  all_reduce: Callable[[list[torch.nn.Parameter]], None] | None = None,
                  all_reduce_scalars: Callable[[dict[str, float]], dict[str, float]] | None = None,
                  world_size: int = 1):
         self.device = torch.device(device)
         self.policy = policy.to(self.device)
-        self.settings = settings
+        self.ppo = ppo
+        self.microbatch_samples = microbatch_samples
+        self.bf16 = bf16
         self.all_reduce = all_reduce
         self.all_reduce_scalars = all_reduce_scalars
         self.world_size = world_size
         self.params = [p for p in policy.parameters() if p.requires_grad]
-        self.adam = torch.optim.Adam(self.params, lr=settings.lr, betas=settings.betas, eps=settings.eps)
+        self.adam = torch.optim.Adam(self.params, lr=ppo.lr, betas=(ppo.adam_beta1, ppo.adam_beta2), eps=ppo.adam_eps)
         self.updates = 0
         self.skipped = 0
 
     def entropy_coef(self) -> float:
-        s = self.settings
+        s = self.ppo
         return losses.linear_schedule(s.entropy_coef, s.entropy_final, s.entropy_anneal_updates, self.updates)
 
-    def _stage(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        """The batch on the learner's device, copied once (from pinned memory, asynchronously, on CUDA)."""
-        pin = self.device.type == "cuda"
+    def stage(self, batch: dict[str, np.ndarray | torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The batch on the learner's device, copied once (from pinned memory, asynchronously, on CUDA).
+        ``update`` takes the result as it takes numpy arrays, so a loop can stage the next batch while the
+        current one trains."""
         out = {}
         for key in STAGED:
             t = torch.as_tensor(batch[key])
-            out[key] = (t.pin_memory() if pin else t).to(self.device, non_blocking=pin)
+            if t.device != self.device:
+                pin = self.device.type == "cuda" and not t.is_pinned()
+                t = (t.pin_memory() if pin else t).to(self.device, non_blocking=self.device.type == "cuda")
+            out[key] = t
         return out
 
     def _pool(self, local: torch.Tensor) -> torch.Tensor:
@@ -94,10 +87,10 @@ class Learner:
             return finite
         return self.all_reduce_scalars({"nonfinite": float(not finite)})["nonfinite"] == 0.0
 
-    def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
-        s = self.settings
+    def update(self, batch: dict[str, np.ndarray | torch.Tensor]) -> dict[str, float]:
+        s = self.ppo
         t0 = time.perf_counter()
-        b = self._stage(batch)
+        b = self.stage(batch)
         policy, norm = self.policy, self.policy.obs_norm
         active = b["active"].float()
         ones = torch.ones(b["obs"].shape[:-1], device=self.device)
@@ -114,16 +107,21 @@ class Learner:
         scale = policy.return_scale.float()
         ent_coef = self.entropy_coef()
         S = b["obs"].shape[0]
-        chunk = s.microbatch or S
+        chunk = self.microbatch_samples or S
+        # Where games start inside samples, read from the host's copy (if any): the device need not wait for it.
+        first = batch["first"] if isinstance(batch["first"], np.ndarray) else b["first"].cpu().numpy()
+        runs = [ResetFreeRuns.of(first[start:start + chunk]).to(self.device) for start in range(0, S, chunk)]
+        autocast = torch.autocast("cuda", torch.bfloat16, enabled=self.bf16 and self.device.type == "cuda")
         self.adam.zero_grad(set_to_none=True)
         diag = torch.zeros(len(DIAGNOSTICS), device=self.device)
         values = []
         t_forward = t_backward = 0.0
-        for start in range(0, S, chunk):
+        for start, part_runs in zip(range(0, S, chunk), runs):
             part = slice(start, start + chunk)
             ta = time.perf_counter()
-            logp, entropy, value = policy.evaluate(b["obs"][part], b["mask"][part], b["actions"][part],
-                                                   b["h0"][part], b["c0"][part], b["first"][part])
+            with autocast:
+                logp, entropy, value = policy.evaluate(b["obs"][part], b["mask"][part], b["actions"][part],
+                                                       b["h0"][part], b["c0"][part], b["first"][part], part_runs)
             w = active[part]
             pg, kl = losses.ppo_policy_loss(logp, b["logp"][part], adv[part], s.clip, w, total)
             vl = losses.value_loss(value, b["returns"][part] / scale, w, total, old=b["values"][part] / scale,
@@ -171,7 +169,7 @@ class Learner:
         policy = self.policy
         policy.obs_norm.set(*new_norm)
         ratio = (policy.return_scale / new_scale).float()
-        if self.settings.preserve_value_outputs:
+        if self.ppo.preserve_value_outputs:
             policy.value_head.weight.mul_(ratio)
             policy.value_head.bias.mul_(ratio)
         policy.return_scale.copy_(new_scale)

@@ -1,4 +1,4 @@
-"""The LSTM policy shared by all agents of a side (SPEC §8).
+"""The LSTM policy shared by all agents of a side.
 
 Observation normalization and the return scale are buffers of the model, so they travel with every
 published parameter version; only the learner updates them.
@@ -70,6 +70,53 @@ class ActOutput:
     state: tuple[torch.Tensor, torch.Tensor]
 
 
+@dataclass
+class ResetFreeRuns:
+    """How one fused LSTM call covers [S, T] samples with game starts inside some of them.
+
+    A game start zeroes the state, so each sample splits at its game starts into runs that are independent
+    sequences: a run at step 0 starts from the sample's stored state, the others from zero. The runs become
+    the rows of a [runs, T] batch (a run shorter than T repeats its last step; the LSTM is causal, so the
+    padding changes nothing before it): ``gather`` takes their steps from the flat [S·T] batch, ``scatter``
+    puts the outputs back. Without a game start after step 0, ``gather`` is None and the batch runs as it
+    is. Built on the host from the stored flags, so the device never waits for it. (Padding rather than a
+    PackedSequence: ATen's packed LSTM on CPU is an op-by-op loop several times slower than its fused one.)
+    """
+
+    gather: torch.Tensor | None = None
+    scatter: torch.Tensor | None = None
+    row: torch.Tensor | None = None
+    """The sample each run belongs to."""
+    carry: torch.Tensor | None = None
+    """1.0 for a run that starts at step 0 (it keeps the stored state), else 0.0."""
+
+    @staticmethod
+    def of(first: np.ndarray) -> ResetFreeRuns:
+        S, T = first.shape
+        starts = np.array(first, dtype=bool)
+        starts[:, 0] = True
+        if not starts[:, 1:].any():
+            return ResetFreeRuns()
+        flat = starts.ravel()
+        begin = np.flatnonzero(flat)
+        length = np.diff(np.append(begin, S * T))
+        gather = begin[:, None] + np.minimum(np.arange(T)[None, :], length[:, None] - 1)
+        run = np.cumsum(flat) - 1                              # the run of every step of the batch
+        scatter = run * T + np.arange(S * T) - begin[run]
+        return ResetFreeRuns(torch.from_numpy(gather.ravel()), torch.from_numpy(scatter),
+                             torch.from_numpy(begin // T), torch.from_numpy((begin % T == 0).astype(np.float32)))
+
+    def to(self, device: torch.device) -> ResetFreeRuns:
+        if self.gather is None:
+            return self
+        return ResetFreeRuns(self.gather.to(device), self.scatter.to(device), self.row.to(device),
+                             self.carry.to(device))
+
+
+# Parameter names of the LSTMCell that earlier versions stored: checkpoints and snapshots of old runs still load.
+_OLD_NAMES = {f"lstm.{kind}": f"lstm.{kind}_l0" for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
+
+
 class Policy(nn.Module):
     def __init__(self, obs_dim: int, action_heads: tuple[int, ...], hidden: int = 128, encoder_layers: int = 2,
                  lstm: int = 128, obs_clip: float = 5.0):
@@ -85,7 +132,8 @@ class Policy(nn.Module):
             layers += [nn.Linear(size, hidden), nn.ReLU()]
             size = hidden
         self.encoder = nn.Sequential(*layers)
-        self.lstm = nn.LSTMCell(size, lstm)
+        # nn.LSTM rather than a cell: the learner runs whole sequences in one cuDNN/ATen call.
+        self.lstm = nn.LSTM(size, lstm, batch_first=True)
         self.logits = nn.Linear(lstm, sum(self.action_heads))
         self.value_head = nn.Linear(lstm, 1)
         nn.init.orthogonal_(self.logits.weight, gain=0.01)
@@ -98,21 +146,25 @@ class Policy(nn.Module):
         device = self.return_scale.device
         return torch.zeros(n, self.lstm_size, device=device), torch.zeros(n, self.lstm_size, device=device)
 
-    def _core(self, obs, state):
-        h, c = self.lstm(self.encoder(self.obs_norm(obs)), state)
-        return h, c
+    def _core(self, obs: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
+        x = self.encoder(self.obs_norm(obs)).unsqueeze(1)
+        _, (h, c) = self.lstm(x, (state[0].unsqueeze(0), state[1].unsqueeze(0)))
+        return h[0], c[0]
 
-    def _dists(self, h: torch.Tensor, mask: torch.Tensor) -> list[torch.distributions.Categorical]:
+    def _log_probs(self, h: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+        """Normalized log-probabilities of each action head; forbidden actions get ~-1e9."""
         logits = self.logits(h).masked_fill(~mask, NEG_INF)
-        return [torch.distributions.Categorical(logits=part) for part in logits.split(self.action_heads, -1)]
+        return [part.float().log_softmax(-1) for part in logits.split(self.action_heads, -1)]
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, mask: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor],
             greedy: bool = False) -> ActOutput:
         h, c = self._core(obs, state)
-        dists = self._dists(h, mask)
-        actions = torch.stack([d.probs.argmax(-1) if greedy else d.sample() for d in dists], -1)
-        logp = sum(d.log_prob(actions[:, i]) for i, d in enumerate(dists))
+        heads = self._log_probs(h, mask)
+        actions = torch.stack([lp.argmax(-1) if greedy else
+                               torch.distributions.Categorical(logits=lp, validate_args=False).sample()
+                               for lp in heads], -1)
+        logp = sum(lp.gather(-1, actions[:, i:i + 1]).squeeze(-1) for i, lp in enumerate(heads))
         value = self.value_head(h).squeeze(-1) * self.return_scale.float()
         return ActOutput(actions, logp, value, (h, c))
 
@@ -123,25 +175,31 @@ class Policy(nn.Module):
         return self.value_head(h).squeeze(-1) * self.return_scale.float()
 
     def evaluate(self, obs: torch.Tensor, mask: torch.Tensor, actions: torch.Tensor, h0: torch.Tensor,
-                 c0: torch.Tensor, first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 c0: torch.Tensor, first: torch.Tensor, runs: ResetFreeRuns | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-probs, entropies and normalized values [S, T] of the stored actions, by BPTT over T.
 
-        The state is zeroed before every step that starts a game (``first``), as the worker did.
+        The state is zeroed before every step that starts a game (``first``), as the worker did. ``runs``
+        (``ResetFreeRuns.of(first)`` on the host, moved to the device) saves reading ``first`` back here.
         """
         S, T = obs.shape[:2]
+        runs = ResetFreeRuns.of(first.cpu().numpy()).to(obs.device) if runs is None else runs
         x = self.encoder(self.obs_norm(obs))
-        h, c = h0, c0
-        hs = []
-        for t in range(T):
-            keep = (~first[:, t]).float().unsqueeze(-1)
-            h, c = self.lstm(x[:, t], (h * keep, c * keep))
-            hs.append(h)
-        hidden = torch.stack(hs, 1).reshape(S * T, -1)
-        dists = self._dists(hidden, mask.reshape(S * T, -1))
+        keep = (~first[:, 0]).unsqueeze(-1).to(h0.dtype)
+        h0, c0 = h0 * keep, c0 * keep
+        if runs.gather is None:
+            hidden, _ = self.lstm(x, (h0.unsqueeze(0), c0.unsqueeze(0)))
+        else:
+            rows = x.reshape(S * T, -1)[runs.gather].reshape(-1, T, x.shape[-1])
+            carry = runs.carry.unsqueeze(-1)
+            out, _ = self.lstm(rows, ((h0[runs.row] * carry).unsqueeze(0), (c0[runs.row] * carry).unsqueeze(0)))
+            hidden = out.reshape(-1, out.shape[-1])[runs.scatter]
+        hidden = hidden.reshape(S * T, -1)
+        heads = self._log_probs(hidden, mask.reshape(S * T, -1))
         flat_actions = actions.reshape(S * T, -1)
-        logp = sum(d.log_prob(flat_actions[:, i]) for i, d in enumerate(dists))
-        entropy = sum(d.entropy() for d in dists)
-        value = self.value_head(hidden).squeeze(-1)
+        logp = sum(lp.gather(-1, flat_actions[:, i:i + 1]).squeeze(-1) for i, lp in enumerate(heads))
+        entropy = sum(-(lp.exp() * lp).sum(-1) for lp in heads)
+        value = self.value_head(hidden).squeeze(-1).float()
         return logp.reshape(S, T), entropy.reshape(S, T), value.reshape(S, T)
 
     # --- parameters as plain arrays (the params format carries numpy, never pickle) -------------
@@ -150,6 +208,7 @@ class Policy(nn.Module):
         return {k: v.detach().cpu().numpy().copy() for k, v in self.state_dict().items()}
 
     def load_tensors(self, tensors: dict[str, np.ndarray]) -> None:
+        tensors = {_OLD_NAMES.get(k, k): v for k, v in tensors.items()}
         own = self.state_dict()
         if set(own) != set(tensors):
             missing, extra = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))

@@ -1,37 +1,178 @@
-"""Checkpoints in a run's store: save with retention, load the newest.
+"""Checkpoints in a run's store: save (finite only) with retention, load with full validation, and the point
+a ``--resume`` continues from.
 
 Usage::
 
     save_checkpoint(store, Checkpoint(version, updates, policy.tensors(), adam.state_dict()), keep=3)
-    ckpt = load_latest_checkpoint(store)        # None when the run has none
-    policy.load_tensors(ckpt.model); adam.load_state_dict(ckpt.adam_state())
+    ckpt = load_latest_checkpoint(store)        # the one checkpoints/LATEST names; None when the run has none
+    point = resume_point(store, policy, adam, log)   # loads weights and Adam state into policy and adam
+    point.version, point.updates, point.source  # next publish is point.version + 1
+
+A checkpoint is used only when everything in it is finite and fits the model: weights, every Adam moment
+and step count, and parameter groups that cover each parameter once. A bad one (a crash that saved NaN
+Adam moments, a truncated object, a stray file) is skipped for the next older one; with none left, the
+newest published weights are used with a fresh optimizer state. Version numbers always continue after the
+newest one in use anywhere in the store (checkpoints, ``params/LATEST``, ``params/…``), so a version killed
+between its object and its pointer is never published twice.
 """
 
 from __future__ import annotations
 
+import copy
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rapid.errors import FormatError, UsageError
 from rapid.formats.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
-from rapid.infra.store import Store
+from rapid.infra.store import KeyNotFound, Store
+from rapid.param_store import ParameterStore
 from rapid.store_map import (
     CHECKPOINTS_LATEST,
     CHECKPOINTS_PREFIX,
     checkpoint_key,
+    parse_checkpoint_key,
     read_version_pointer,
     write_version_pointer,
 )
 
+PUBLISHED_FALLBACKS = 8
+"""Published versions tried, newest first, when no checkpoint is usable."""
+
+_UNUSABLE = (FormatError, ValueError, KeyError, TypeError, IndexError, RuntimeError)
+"""What a bad checkpoint raises while it is decoded, checked or loaded into torch."""
+
+
+def check_checkpoint(ckpt: Checkpoint) -> None:
+    """FormatError unless every number is finite and the Adam state is consistent (no model needed)."""
+    for name, value in ckpt.model.items():
+        if np.asarray(value).dtype.kind == "f" and not np.isfinite(value).all():
+            raise FormatError(f"checkpoint v{ckpt.version}: weight {name!r} has non-finite values")
+    claimed: set[int] = set()
+    for group in ckpt.adam.get("param_groups", []):
+        params = group.get("params", []) if isinstance(group, dict) else []
+        if claimed & set(params) or len(set(params)) != len(params):
+            raise FormatError(f"checkpoint v{ckpt.version}: a parameter is in two Adam groups")
+        claimed |= set(params)
+        for key in ("lr", "eps", "weight_decay"):
+            if key in group and not np.isfinite(group[key]):
+                raise FormatError(f"checkpoint v{ckpt.version}: Adam {key} is not finite")
+    for index, entry in ckpt.adam.get("state", {}).items():
+        if index not in claimed:
+            raise FormatError(f"checkpoint v{ckpt.version}: Adam state for parameter {index} in no group")
+        for name, value in entry.items():
+            value = np.asarray(value)
+            if value.dtype.kind in "fiu" and not np.isfinite(value).all():
+                raise FormatError(f"checkpoint v{ckpt.version}: Adam {name} of parameter {index} is not finite")
+            if name in ("step", "exp_avg_sq") and (value < 0).any():
+                raise FormatError(f"checkpoint v{ckpt.version}: Adam {name} of parameter {index} is negative")
+        shapes = {np.shape(v) for k, v in entry.items() if k != "step"}
+        if len(shapes) > 1:
+            raise FormatError(f"checkpoint v{ckpt.version}: Adam moments of parameter {index} differ in shape")
+
 
 def save_checkpoint(store: Store, ckpt: Checkpoint, keep: int) -> str:
+    """Write the checkpoint, move ``checkpoints/LATEST``, keep the newest ``keep``. A checkpoint with a
+    non-finite number is refused (FormatError) and nothing is written: the older ones stay the newest."""
+    check_checkpoint(ckpt)
     key = checkpoint_key(ckpt.version)
     store.put(key, encode_checkpoint(ckpt))
     write_version_pointer(store, CHECKPOINTS_LATEST, ckpt.version)
-    old = sorted(k for k in store.list(CHECKPOINTS_PREFIX) if k.endswith(".rck"))
-    for stale in old[:-keep]:
-        store.delete(stale)
+    for stale in checkpoint_versions(store)[:-keep]:
+        store.delete(checkpoint_key(stale))
     return key
 
 
+def checkpoint_versions(store: Store) -> list[int]:
+    """Versions with a checkpoint object, ascending."""
+    return sorted(v for v in map(parse_checkpoint_key, store.list(CHECKPOINTS_PREFIX)) if v is not None)
+
+
+def load_checkpoint(store: Store, version: int) -> Checkpoint:
+    """One checkpoint, decoded and checked; FormatError if it is not usable, KeyNotFound if absent."""
+    ckpt = decode_checkpoint(store.get(checkpoint_key(version)))
+    if ckpt.version != version:
+        raise FormatError(f"{checkpoint_key(version)} holds version {ckpt.version}")
+    check_checkpoint(ckpt)
+    return ckpt
+
+
+def _candidates(store: Store) -> list[int]:
+    """Checkpoint versions to try, newest first: the pointer's (if it parses) and every listed one."""
+    listed = checkpoint_versions(store)
+    try:
+        pointer = read_version_pointer(store, CHECKPOINTS_LATEST)
+    except FormatError:
+        pointer = None
+    return sorted(set(listed) | ({pointer} if pointer is not None else set()), reverse=True)
+
+
 def load_latest_checkpoint(store: Store) -> Checkpoint | None:
+    """The checkpoint ``checkpoints/LATEST`` names, checked; None when the run has none. FormatError for a bad
+    one (:func:`resume_point` falls back to older ones instead)."""
     version = read_version_pointer(store, CHECKPOINTS_LATEST)
-    if version is None:
-        return None
-    return decode_checkpoint(store.get(checkpoint_key(version)))
+    return None if version is None else load_checkpoint(store, version)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    version: int
+    """The newest version number in use in the store: the next publish is ``version + 1``."""
+    updates: int
+    source: str
+    """What the weights came from, for the log: ``checkpoint v12`` or ``published v14 (…)``."""
+
+
+def newest_version_in_use(store: Store) -> int | None:
+    """The largest version named anywhere: a checkpoint, ``params/LATEST`` or a published object."""
+    params = ParameterStore(store)
+    try:
+        pointer = params.latest_version()
+    except FormatError:
+        pointer = None
+    found = [*checkpoint_versions(store), *params.versions(), *([pointer] if pointer is not None else [])]
+    return max(found, default=None)
+
+
+def resume_point(store: Store, policy, adam: torch.optim.Optimizer, log: logging.Logger) -> ResumePoint:
+    """Load the newest usable state into ``policy`` and ``adam``; UsageError when the store has none."""
+    newest = newest_version_in_use(store)
+    fresh = copy.deepcopy(adam.state_dict())
+    for version in _candidates(store):
+        try:
+            ckpt = load_checkpoint(store, version)
+            policy.load_tensors(ckpt.model)
+            adam.load_state_dict(ckpt.adam_state())
+            _check_loaded(adam)
+        except KeyNotFound:
+            continue
+        except _UNUSABLE as e:
+            log.warning("checkpoint v%d is not usable (%s); trying an older one", version, e)
+            continue
+        return ResumePoint(max(newest, ckpt.version), ckpt.updates, f"checkpoint v{ckpt.version}")
+    adam.load_state_dict(fresh)  # a half-loaded bad checkpoint leaves nothing behind
+    params = ParameterStore(store)
+    for version in sorted(params.versions(), reverse=True)[:PUBLISHED_FALLBACKS]:
+        try:
+            obj = params.fetch(version)
+            policy.load_tensors(obj.tensors)
+        except (KeyNotFound, *_UNUSABLE) as e:
+            log.warning("published v%d is not usable (%s); trying an older one", version, e)
+            continue
+        updates = obj.meta.get("updates", 0)
+        updates = updates if isinstance(updates, int) and not isinstance(updates, bool) and updates >= 0 else 0
+        return ResumePoint(max(newest, version), updates, f"published v{version} (no usable checkpoint; "
+                                                           "optimizer state starts fresh)")
+    raise UsageError(f"--resume: no usable checkpoint or published version in {store.describe()}")
+
+
+def _check_loaded(adam: torch.optim.Optimizer) -> None:
+    """Each Adam moment has its parameter's shape: torch checks group sizes on load but not this, and a
+    mismatch would only fail inside the first step."""
+    for group in adam.param_groups:
+        for p in group["params"]:
+            for name, value in adam.state.get(p, {}).items():
+                if torch.is_tensor(value) and value.dim() > 0 and value.shape != p.shape:
+                    raise FormatError(f"Adam {name} has shape {tuple(value.shape)}, parameter {tuple(p.shape)}")

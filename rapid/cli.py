@@ -7,10 +7,13 @@ one line; neither dumps a traceback.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
 from rapid.errors import FormatError, UsageError
+
+WORKER_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}", re.ASCII)
 
 EPILOG = """examples:
   rapid train                                        # connect-four self-play, runs/run, a few minutes
@@ -34,8 +37,15 @@ def _run_dir_arg(p: argparse.ArgumentParser, required: bool = False) -> None:
                    help="run directory (its config.toml and store are used)")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its errors as one line (usage stays in --help), exit code 2; subcommands inherit it."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="rapid", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
         description="Large-batch PPO self-play for competitive multi-agent games, from a laptop to a cluster.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -48,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="rollout worker processes (run.num_workers)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no live progress line")
+    p.add_argument("--in-process", action="store_true",
+                   help="the same roles as threads of this one process (for a debugger and fast tests)")
 
     p = sub.add_parser("config", help="show the effective configuration")
     p.add_argument("action", choices=["show"])
@@ -127,7 +139,7 @@ def cmd_train(args) -> int:
         cfg = load(args, extra + ([f'run.dir="{args.run_dir}"'] if args.run_dir else []))
         if not cfg.run.dir:  # no directory asked for: a fresh one, never someone's earlier run
             cfg.run.dir = _fresh_run_dir(cfg.run.name)
-    return run_train(cfg, resume=args.resume, show_progress=not args.no_progress)
+    return run_train(cfg, resume=args.resume, show_progress=not args.no_progress, in_process=args.in_process)
 
 
 def _fresh_run_dir(name: str) -> str:
@@ -177,24 +189,25 @@ def cmd_role(args) -> int:
 
             worker = (args.worker_id or cfg.rollout.worker_id
                       or (f"w{identity.rank}" if identity.size > 1 else default_worker_id()))
+            if not WORKER_ID.fullmatch(worker):  # it is a folder in the store's keys
+                raise UsageError(f"--worker-id {worker!r}: use 1-64 of A-Z a-z 0-9 . _ -, not starting with . or -")
             # Pods and job-array tasks all have rank 0: their name must tell their games apart.
             seed = args.seed if args.seed is not None else rollout_seed(cfg.run.seed, worker, identity.rank)
-            digits = "".join(ch for ch in worker if ch.isdigit())[-6:]
+            digits = "".join(re.findall("[0-9]", worker))[-6:]
             rank = identity.rank if identity.size > 1 else int(digits or 0)
             return run_rollout(cfg, worker, seed, rank=rank, local_rank=identity.local_rank)
         if args.command == "evaluator":
             from rapid.roles.evaluator import run_evaluator
 
             return run_evaluator(cfg)
-        from rapid.roles.optimizer import RankInfo, run_optimizer
+        from rapid.roles.optimizer import run_optimizer
 
-        rank = RankInfo(identity.rank, identity.size, identity.local_rank)
         if identity.size == 1:
-            return run_optimizer(cfg, resume=args.resume, rank=rank)
+            return run_optimizer(cfg, resume=args.resume, rank=identity)
         from rapid.infra.distributed import init_process_group
 
         with init_process_group(identity) as ctx:
-            return run_optimizer(cfg, resume=args.resume, rank=rank, ctx=ctx)
+            return run_optimizer(cfg, resume=args.resume, rank=identity, ctx=ctx)
 
 
 def cmd_replay(args) -> int:
@@ -240,14 +253,15 @@ def cmd_monitor(args) -> int:
 
 
 def cmd_league(args) -> int:
-    from rapid.infra.store import InvalidKey, open_store
+    from rapid.infra.store import InvalidKey, StoreError, open_store
     from rapid.league import cli as league_cli
 
     if args.store:
         try:
             store = open_store(args.store)
-        except InvalidKey as e:
-            raise UsageError(f"--store {args.store}: {e}") from None
+        except (InvalidKey, StoreError, OSError) as e:  # OSError: a path that is a file, e.g. /dev/null
+            why = getattr(e, "strerror", None) or e
+            raise UsageError(f"--store {args.store}: not usable as a store ({why})") from None
         cfg = None
     else:
         cfg = run_dir_config(args.run_dir)
@@ -269,9 +283,7 @@ def _league_play_match(cfg, store):
     def player(member_id: str, env):
         if member_id.startswith("bot:"):
             return env.make_bot(member_id[4:], seed=0)
-        policy = build_policy(cfg, env.spec)
-        policy.load_tensors(league.load_policy(member_id).tensors)
-        return PolicyPlayer(policy, member_id)
+        return PolicyPlayer(build_policy(cfg, env.spec, league.load_policy(member_id).tensors), member_id)
 
     def play(a: str, b: str, games: int) -> tuple[int, int, int]:
         env = make_env(cfg.env.name, num_games=batch_size(games), seed=cfg.run.seed, options=cfg.env.options)

@@ -2,8 +2,8 @@
 validated once at start-up with every error reported together (the env's options included, against the
 options type the env declares). Every field is documented below it; `rapid config show --doc` prints them all.
 
->>> cfg = load_config("configs/default.toml", overrides=["ppo.lr=3e-4"])
->>> cfg.ppo.lr, cfg.derive().gamma
+>>> cfg = load_config(None, overrides=["ppo.lr=3e-4", "ppo.horizon_s=50"])   # or a TOML file first
+>>> cfg.ppo.lr, cfg.derive(seconds_per_step=1.0).gamma
 (0.0003, 0.98)
 >>> load_config(None, ["env.name=moba", "env.options.heros_per_side=2"])
 Traceback (most recent call last):
@@ -15,18 +15,21 @@ True
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
+import re
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import tomli_w
 import tomllib
 
 from rapid.config_schema import convert, env_options
 from rapid.errors import UsageError
+from rapid.opt.config import PPOConfig
+from rapid.opt.config import check_positive as _positive
+from rapid.opt.config import check_unit as _unit
 
 
 @dataclass
@@ -69,42 +72,6 @@ class ModelConfig:
 
 
 @dataclass
-class PPOConfig:
-    lr: float = 3e-4
-    """Adam learning rate."""
-    clip: float = 0.2
-    """PPO ratio clip."""
-    gae_lambda: float = 0.95
-    """GAE λ: 0 is one-step TD, 1 is the Monte-Carlo return."""
-    horizon_s: float = 100.0
-    """Reward horizon in game seconds; gamma = 1 - seconds_per_step / horizon_s."""
-    value_coef: float = 0.5
-    """Weight of the value loss in the total loss."""
-    entropy_coef: float = 0.01
-    """Entropy bonus at the start of training."""
-    entropy_final: float = -1.0
-    """Entropy bonus at entropy_anneal_updates, linearly (negative: same as entropy_coef)."""
-    entropy_anneal_updates: int = 0
-    """Updates over which the entropy bonus goes from entropy_coef to entropy_final (0: constant)."""
-    max_grad_norm: float = 5.0
-    """Gradients are clipped to this global norm."""
-    adam_beta1: float = 0.9
-    """Adam's first-moment decay."""
-    adam_beta2: float = 0.999
-    """Adam's second-moment decay."""
-    adam_eps: float = 1e-5
-    """Adam's denominator epsilon."""
-    team_spirit: float = 0.3
-    """0: each agent's own reward; 1: its team's mean reward."""
-    zero_sum: bool = True
-    """Subtract the enemy team's mean reward, so one side's gain is the other's loss."""
-    obs_clip: float = 5.0
-    """Normalized observations are clipped to ±obs_clip."""
-    normalize_returns: bool = True
-    """Value targets divided by the running std of returns."""
-
-
-@dataclass
 class RolloutConfig:
     bptt: int = 16
     """Steps per sample (truncated BPTT length)."""
@@ -133,9 +100,21 @@ class OptimizerConfig:
     max_staleness: int = 8
     """Samples more than this many versions behind are dropped."""
     max_reuse: float = 2.0
-    """Wait for new experience rather than consume samples more than this many times on average."""
+    """Without balancing: wait for new experience rather than draw a sample more than ceil(max_reuse)
+    times or consume more than max_reuse × the samples received (less those wasted before any use)."""
+    target_reuse: float = 1.0
+    """With balancing: the reuse held (samples consumed per sample received; OpenAI Five: about 1)."""
+    balance: bool = True
+    """Adapt the batch size (batch_samples … max_batch_samples) so reuse stays at target_reuse, publish
+    about once per publish_interval_s, and log when rollouts outrun the optimizer (false: fixed
+    batch_samples, publish_every and max_reuse)."""
+    max_batch_samples: int = 0
+    """Largest batch the balancer may grow to (0: 4 × batch_samples, at most buffer_samples / 2)."""
+    publish_interval_s: float = 0.0
+    """With balancing: seconds between published versions (0: rollout.upload_interval_s, so a staleness of
+    one version means one upload behind)."""
     publish_every: int = 1
-    """Publish a parameter version every this many updates."""
+    """Without balancing: publish a parameter version every this many updates."""
     checkpoint_every: int = 50
     """Checkpoint every this many updates (and at the end)."""
     keep_checkpoints: int = 3
@@ -146,6 +125,9 @@ class OptimizerConfig:
     """'auto' (CUDA local rank when present), 'cpu' or 'cuda'."""
     torch_threads: int = 1
     """Torch CPU threads of an optimizer rank."""
+    decode_workers: int = -1
+    """Processes that decode and validate experience objects (-1: one per eight cores, 1 to 8; 0: in the
+    loader thread, deterministic, for tests)."""
 
 
 @dataclass
@@ -310,11 +292,19 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
     data: dict[str, Any] = {}
     if path:
         try:
-            data = tomllib.loads(Path(path).read_text())
+            with open(path, "rb") as f:  # bounded: a config is small, /dev/zero is not
+                raw = f.read(MAX_CONFIG_BYTES + 1)
+            if len(raw) > MAX_CONFIG_BYTES:
+                raise UsageError(f"config file {path} is over {MAX_CONFIG_BYTES} bytes")
+            data = tomllib.loads(raw.decode())
         except FileNotFoundError:
             raise UsageError(f"config file not found: {path}") from None
         except tomllib.TOMLDecodeError as e:
             raise UsageError(f"config file {path} is not valid TOML: {e}") from None
+        except UnicodeDecodeError as e:
+            raise UsageError(f"config file {path} is not UTF-8 text (byte {e.start})") from None
+        except OSError as e:  # a folder, no permission, a device
+            raise UsageError(f"cannot read config file {path}: {e.strerror or e}") from None
     for text in overrides:
         section, key, value = _parse_override(text)
         data = _merge(data, {section: {key: value}})
@@ -326,17 +316,29 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 
 
 def to_toml(cfg: Config) -> str:
-    return tomli_w.dumps(to_dict(cfg))
+    """The config as TOML, as `rapid config show` prints it and a run directory keeps it: a password in
+    ``store.endpoint_url`` is replaced by ``***`` (credentials belong in the environment, never in a file)."""
+    data = to_dict(cfg)
+    data["store"]["endpoint_url"] = redact_url(data["store"]["endpoint_url"])
+    return tomli_w.dumps(data)
 
 
-def _positive(errors, where, value, allow_zero=False):
-    if not (value > 0 or (allow_zero and value == 0)) or (isinstance(value, float) and math.isnan(value)):
-        errors.append(f"{where} must be {'≥ 0' if allow_zero else '> 0'} (got {value})")
+def redact_url(url: str) -> str:
+    """``url`` with the password of its user-info replaced by ``***``.
+
+    >>> redact_url("http://user:s3cret@minio:9000/x"), redact_url("http://minio:9000")
+    ('http://user:***@minio:9000/x', 'http://minio:9000')
+    """
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
 
 
-def _unit(errors, where, value):
-    if not 0.0 <= value <= 1.0:
-        errors.append(f"{where} must be within [0, 1] (got {value})")
+MAX_CONFIG_BYTES = 4 << 20
+RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}", re.ASCII)
+BOT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,59}", re.ASCII)  # as the league's bot:<name> ids
 
 
 def validate(cfg: Config) -> list[str]:
@@ -346,29 +348,16 @@ def validate(cfg: Config) -> list[str]:
     _positive(e, "run.updates", cfg.run.updates, allow_zero=True)
     _unit(e, "run.target_win_rate", cfg.run.target_win_rate)
     _positive(e, "run.num_workers", cfg.run.num_workers, allow_zero=True)
-    if not cfg.run.name or "/" in cfg.run.name:
-        e.append(f"run.name must be a non-empty name without '/' (got {cfg.run.name!r})")
+    if not RUN_NAME.fullmatch(cfg.run.name):  # it names a folder under runs/ and labels metrics
+        e.append(f"run.name must be 1-64 of A-Z a-z 0-9 . _ -, not starting with . or - (got {cfg.run.name!r})")
+    if not 0 <= cfg.run.seed < 1 << 32:
+        e.append(f"run.seed must be within [0, 2**32) (got {cfg.run.seed})")
     if not cfg.env.name:
         e.append("env.name must name a game")
     _positive(e, "env.num_games", cfg.env.num_games)
     for key in ("hidden", "encoder_layers", "lstm"):
         _positive(e, f"model.{key}", getattr(cfg.model, key))
-    p = cfg.ppo
-    _positive(e, "ppo.lr", p.lr)
-    _positive(e, "ppo.clip", p.clip)
-    _unit(e, "ppo.gae_lambda", p.gae_lambda)
-    _positive(e, "ppo.horizon_s", p.horizon_s)
-    _positive(e, "ppo.value_coef", p.value_coef, allow_zero=True)
-    _positive(e, "ppo.entropy_coef", p.entropy_coef, allow_zero=True)
-    _positive(e, "ppo.entropy_anneal_updates", p.entropy_anneal_updates, allow_zero=True)
-    _positive(e, "ppo.max_grad_norm", p.max_grad_norm)
-    for key in ("adam_beta1", "adam_beta2"):
-        value = getattr(p, key)
-        if not 0.0 <= value < 1.0:
-            e.append(f"ppo.{key} must be within [0, 1) (got {value})")
-    _positive(e, "ppo.adam_eps", p.adam_eps)
-    _unit(e, "ppo.team_spirit", p.team_spirit)
-    _positive(e, "ppo.obs_clip", p.obs_clip)
+    e += cfg.ppo.errors()
     r = cfg.rollout
     _positive(e, "rollout.bptt", r.bptt)
     _positive(e, "rollout.samples_per_segment", r.samples_per_segment)
@@ -387,6 +376,16 @@ def validate(cfg: Config) -> list[str]:
     _positive(e, "optimizer.max_staleness", o.max_staleness, allow_zero=True)
     _positive(e, "optimizer.max_reuse", o.max_reuse)
     _positive(e, "optimizer.publish_every", o.publish_every)
+    _positive(e, "optimizer.target_reuse", o.target_reuse)
+    if o.target_reuse > o.max_reuse:
+        e.append(f"optimizer.target_reuse ({o.target_reuse}) must be ≤ max_reuse ({o.max_reuse})")
+    _positive(e, "optimizer.max_batch_samples", o.max_batch_samples, allow_zero=True)
+    if o.max_batch_samples and not o.batch_samples <= o.max_batch_samples <= o.buffer_samples:
+        e.append(f"optimizer.max_batch_samples ({o.max_batch_samples}) must be within batch_samples … "
+                 f"buffer_samples ({o.batch_samples} … {o.buffer_samples})")
+    _positive(e, "optimizer.publish_interval_s", o.publish_interval_s, allow_zero=True)
+    if o.decode_workers < -1:
+        e.append(f"optimizer.decode_workers must be -1 (auto), 0 or more (got {o.decode_workers})")
     _positive(e, "optimizer.checkpoint_every", o.checkpoint_every)
     _positive(e, "optimizer.keep_checkpoints", o.keep_checkpoints)
     _positive(e, "optimizer.poll_s", o.poll_s)
@@ -402,6 +401,9 @@ def validate(cfg: Config) -> list[str]:
         e.append(f"league.scheme must be 'openai_five' or 'pfsp' (got {lg.scheme!r})")
     _positive(e, "league.pfsp_power", lg.pfsp_power, allow_zero=True)
     _positive(e, "league.refresh_s", lg.refresh_s)
+    for bot in lg.bots:
+        if not BOT_NAME.fullmatch(bot.removeprefix("bot:")):
+            e.append(f"league.bots: {bot!r} is not a bot name (A-Z a-z 0-9 . _ -, e.g. 'random')")
     _positive(e, "eval.interval_s", cfg.eval.interval_s, allow_zero=True)
     _positive(e, "eval.games", cfg.eval.games)
     _positive(e, "store.max_attempts", cfg.store.max_attempts)

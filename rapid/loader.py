@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rapid.decode_pool import Decoded, DecodePool
-from rapid.formats.experience import Shape
-from rapid.infra.store import InvalidKey, KeyNotFound, Store, StoreError
+from rapid.formats.experience import LIMITS, Shape
+from rapid.infra.store import BadObject, InvalidKey, KeyNotFound, Store, StoreError
 from rapid.opt.buffer import ExperienceBuffer
 
 log = logging.getLogger(__name__)
@@ -133,10 +133,10 @@ class ExperienceLoader:
         """Download ``key`` and hand it to a decoder: (key, size, seconds, future), or None."""
         t0 = time.perf_counter()
         try:
-            data = self.store.get(key)
+            data = self.store.get(key, max_bytes=LIMITS.max_bytes)
         except KeyNotFound:
             return None  # deleted by retention elsewhere
-        except InvalidKey as e:
+        except (InvalidKey, BadObject) as e:  # BadObject: too large, not a regular file; nothing was read
             # A listed name the store refuses to read (odd characters put there behind rapid's back):
             # a bad object like any other, not a reason for the loader thread to die.
             self._bad(key, str(e))

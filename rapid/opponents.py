@@ -21,17 +21,11 @@ from rapid.config import Config
 from rapid.envs.base import VecMultiAgentEnv
 from rapid.errors import FormatError
 from rapid.infra.store import KeyNotFound, StoreError
-from rapid.league import League, MatchResult, OpponentSampler, ResultWriter, SamplingConfig
+from rapid.league import League, MatchResult, OpponentSampler, ResultWriter
 from rapid.opt.model import Policy
 from rapid.rollout_worker import LATEST, Opponent
 
 log = logging.getLogger(__name__)
-
-
-def sampling_config(cfg: Config) -> SamplingConfig:
-    lg = cfg.league
-    return SamplingConfig(scheme=lg.scheme, latest_prob=lg.latest_prob, eta=lg.eta, pfsp_power=lg.pfsp_power,
-                          bot_prob=lg.bot_prob)
 
 
 class LeagueOpponents:
@@ -39,8 +33,7 @@ class LeagueOpponents:
 
     def __init__(self, league: League, cfg: Config, env: VecMultiAgentEnv, make_policy: Callable[[], Policy],
                  cache_size: int = 4):
-        self.sampler = OpponentSampler(league, sampling_config(cfg), refresh_s=cfg.league.refresh_s,
-                                       cache_size=cache_size)
+        self.sampler = OpponentSampler(league, cfg.league, cache_size=cache_size)
         self.env, self.make_policy, self.cache_size = env, make_policy, cache_size
         self._latest = Opponent(LATEST)
         self._cache: OrderedDict[str, Opponent] = OrderedDict()

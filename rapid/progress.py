@@ -112,7 +112,7 @@ def final_summary(run_dir: Path, reason: str, elapsed: float, exit_code: int | N
                   f"  agent-steps        : {last['env_steps']:,}",
                   f"  samples            : {last['samples_received']:,} received, {last['samples_consumed']:,} "
                   f"consumed, {last['samples_dropped_stale']:,} went stale unused",
-                  f"  sample reuse       : {last['sample_reuse']:.2f}",
+                  *balance_lines(last),
                   f"  skipped updates    : {last['skipped_updates']} (non-finite)   bad objects: {last['bad_objects']}"]
     if evals:
         best = max(evals, key=lambda e: e["win_rate"])
@@ -125,6 +125,26 @@ def final_summary(run_dir: Path, reason: str, elapsed: float, exit_code: int | N
         lines.append(f"  plots              : {report}")
     lines.append(f"  continue with      : rapid train --run-dir {run_dir} --resume")
     return "\n".join(lines)
+
+
+def balance_lines(last: dict) -> list[str]:
+    """How well the optimizer kept up: share of samples used, share wasted, reuse against its target and
+    staleness, from the last optimizer record (older logs lack some keys: those lines are left out)."""
+    received = last["samples_received"]
+    target = last.get("balance_target_reuse")
+    reuse = f"  sample reuse       : {last['sample_reuse']:.2f}"
+    if target:
+        off = abs(last["sample_reuse"] - target) / target
+        reuse += f" (target {target:.2f}: {'within' if off <= 0.1 else 'off by more than'} 10%)"
+    lines = [reuse]
+    if received and "samples_used" in last:
+        lines.append(f"  used at least once : {last['samples_used'] / received:.1%} of received samples; "
+                     f"{last['samples_dropped_stale'] / received:.1%} dropped stale, "
+                     f"{last.get('samples_evicted_unused', 0) / received:.1%} evicted unused")
+    if "staleness_p50" in last:
+        p50, p99 = last['staleness_p50'], last['staleness_p99']
+        lines.append(f"  staleness          : p50 {p50:.0f}, p99 {p99:.0f} versions")
+    return lines
 
 
 def _write_report(run_dir: Path) -> str:

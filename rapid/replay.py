@@ -1,31 +1,36 @@
 """Play one moba match between two players and write it as an animated GIF (``rapid replay``).
 
-A player is a scripted bot name of the env (``"lane"``, ``"idle"``, ``"random"``) or any object with
-``act(step: StepResult) -> int actions [B, A, heads]`` (a :class:`~rapid.envs.base.ScriptedBot`, or a
-policy wrapper the CLI builds from a params version or snapshot). Player 0 plays side 0, player 1 side 1.
+A player is a scripted bot name of the env (``"lane"``, ``"idle"``, ``"random"``) or a player of the match
+library (:class:`rapid.matches.Player`: a :class:`~rapid.envs.base.ScriptedBot`, or the policy player the CLI
+builds from a params version or snapshot). Player 0 plays side 0, player 1 side 1.
+
+>>> import tempfile
+>>> tmp = tempfile.TemporaryDirectory()
+>>> out = Path(tmp.name) / "lane-vs-idle.gif"
+>>> write_replay({"heroes_per_side": 1}, ["lane", "idle"], out, max_steps=4) is None   # cut before the game ended
+True
+>>> out.read_bytes()[:6]
+b'GIF89a'
+>>> tmp.cleanup()
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, Union
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rapid.envs.base import EpisodeStats, StepResult
+from rapid.envs.base import EpisodeStats
 from rapid.envs.moba import MobaVecEnv
 from rapid.envs.moba.render import annotate, render_frame, write_gif
 
-
-class Player(Protocol):
-    def act(self, step: StepResult) -> np.ndarray: ...
-
-
-PlayerLike = Union[str, Player]
+if TYPE_CHECKING:  # the match library's player; importing it for real would import torch
+    from rapid.matches import Player
 
 
-def write_replay(env_options: dict, players: Sequence[PlayerLike], out_path: str | Path, seed: int = 0,
+def write_replay(env_options: dict, players: Sequence[str | Player], out_path: str | Path, seed: int = 0,
                  max_steps: int | None = None, fps: float = 10.0, frame_every: int = 1) -> EpisodeStats | None:
     """Play one game of ``moba`` with ``env_options`` and write its GIF to ``out_path``.
 

@@ -11,6 +11,7 @@ The roles share no memory and no sockets; everything between them goes through t
     optimizer rank 0, evaluator, `rapid league` ──▶ league/pool.json (pointer copy of the newest revision)
                                                     league/pool/<revision:012d>.json (put_if_absent: the lock)
                                                     league/snapshots/<member>.rpm (immutable copies of params)
+    optimizer rank 0 ──put_if_absent──▶ optimizer/lease/<epoch:012d>.json (who owns the run, until when)
 
 Formats (``rapid.formats``) encode and decode the objects; this module names where they live and reads and
 writes the ``LATEST`` pointers.
@@ -30,6 +31,8 @@ Unicode digits (``²``, ``٣``), which ``int`` then rejects or, worse, reads as 
 
 from __future__ import annotations
 
+import json
+import math
 import re
 
 from rapid.errors import FormatError
@@ -44,6 +47,7 @@ POOL_POINTER = "league/pool.json"
 POOL_REVISIONS_PREFIX = "league/pool/"
 SNAPSHOTS_PREFIX = "league/snapshots/"
 RESULTS_PREFIX = "league/results/"
+LEASE_PREFIX = "optimizer/lease/"
 
 
 def experience_key(worker: str, incarnation: str, seq: int) -> str:
@@ -74,6 +78,7 @@ _NUMBER = "([0-9]{1,18})"  # ASCII digits only; 18 keep the value well inside in
 _PARAMS_KEY = re.compile(re.escape(PARAMS_PREFIX) + _NUMBER + r"\.rpm", re.ASCII)
 _CHECKPOINT_KEY = re.compile(re.escape(CHECKPOINTS_PREFIX) + _NUMBER + r"\.rck", re.ASCII)
 _POOL_REVISION_KEY = re.compile(re.escape(POOL_REVISIONS_PREFIX) + _NUMBER + r"\.json", re.ASCII)
+_LEASE_KEY = re.compile(re.escape(LEASE_PREFIX) + _NUMBER + r"\.json", re.ASCII)
 _VERSION_TEXT = re.compile(r"v?" + _NUMBER, re.ASCII)
 _POINTER = re.compile(_NUMBER, re.ASCII)
 
@@ -103,6 +108,38 @@ def parse_version_text(text: str) -> int | None:
     return _parse(_VERSION_TEXT, text)
 
 
+def lease_key(epoch: int) -> str:
+    return f"{LEASE_PREFIX}{epoch:012d}.json"
+
+
+def parse_lease_key(key: str) -> int | None:
+    """The epoch of an ``optimizer/lease/<epoch>.json`` key; None for any other key."""
+    return _parse(_LEASE_KEY, key)
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not allowed")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 reads as infinity without ever spelling "Infinity"
+        raise ValueError(f"number {text[:32]} is out of range")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > 20 or abs(value := int(text)) >= 1 << 63:  # would overflow a float or an int64 downstream
+        raise ValueError(f"integer {text[:32]} is out of range")
+    return value
+
+
+def load_json(data: bytes):
+    """A JSON document from the store with only finite numbers (no NaN, no ±Infinity, no 1e999, no 64-bit
+    overflow); ValueError otherwise. Every JSON document read from a store goes through here."""
+    return json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_bounded_int)
+
+
 def write_version_pointer(store: Store, key: str, version: int) -> None:
     """A ``LATEST``-style pointer: the version number as ASCII text."""
     store.put(key, str(int(version)).encode("ascii"))
@@ -111,7 +148,7 @@ def write_version_pointer(store: Store, key: str, version: int) -> None:
 def read_version_pointer(store: Store, key: str) -> int | None:
     """The version a pointer names; None when there is no pointer yet, FormatError for garbage."""
     try:
-        raw = store.get(key)
+        raw = store.get(key, max_bytes=64)  # a number: never read a planted giant
     except KeyNotFound:
         return None
     try:

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from rapid.monitoring.logs import read_jsonl
+
 ROOT = Path(__file__).resolve().parents[1]
 RAPID = str(Path(sys.executable).parent / "rapid")
 
@@ -51,3 +53,20 @@ def kill_group(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def check_beats_random(run: Path, started: float, out: subprocess.CompletedProcess, within_s: float) -> None:
+    """The learning check of a Connect Four run of `rapid train` with ``run.target_win_rate=0.9``: ≥ 90% wins
+    against uniform random over ≥ 200 games within ``within_s`` of ``started``, the run stopped by that target,
+    and an independent evaluation of that version, with other seeds, confirms it is no fluke."""
+    evals = [e for e in read_jsonl(run / "logs" / "eval.jsonl") if e.get("opponent") == "random"]
+    curve = [(round(e["time"] - started), e["version"], e["win_rate"]) for e in evals]
+    print("win-rate curve (s, version, win rate):", curve)
+    reached = [e for e in evals if e["games"] >= 200 and e["win_rate"] >= 0.9]
+    assert reached, f"never reached 90% vs random: {curve}\n{out.stdout[-2000:]}"
+    assert reached[0]["time"] - started <= within_s
+    assert "target win rate 0.9 reached" in out.stdout
+    check = rapid("eval", "--run-dir", str(run), "--version", str(reached[0]["version"]), "--against", "random",
+                  "--games", "400", "--seed", "777")
+    win_rate = float(check.stdout.split("win rate ")[1].split()[0])
+    assert win_rate >= 0.8, check.stdout

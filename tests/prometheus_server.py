@@ -1,4 +1,4 @@
-"""A real Prometheus server for tests, started by hand on a free loopback port (SPEC §10, §11).
+"""A real Prometheus server for tests, started by hand on a free loopback port.
 
 Usage in a test module::
 
@@ -16,15 +16,13 @@ binary fails the test: these checks must run for real in CI, never be skipped.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from rapid.monitoring.prom import ALERTS_PATH, find_prometheus, free_port, query, render_config
+from rapid.monitoring.prom import ALERTS_PATH, find_prometheus, free_port, launch_prometheus, query, render_config
 
 READY_TIMEOUT_S = 20.0
 # The first scrape lands ~5-6 s after start even with a 1 s interval; leave room on a loaded 2-core box.
@@ -41,28 +39,14 @@ class PrometheusServer:
         self.config_file = workdir / "prometheus.yml"
         self.config_file.write_text(render_config(self.targets_file, ALERTS_PATH, scrape_interval="1s"))
         self.log_file = workdir / "prometheus.log"
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        with open(self.log_file, "wb") as log:
-            self.proc = subprocess.Popen(
-                [binary, f"--config.file={self.config_file}", f"--storage.tsdb.path={workdir / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{self.port}"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )
+        self.proc = launch_prometheus(binary, self.config_file, workdir / "data", free_port(), self.log_file)
+        self.url = self.proc.url
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"prometheus exited with code {self.proc.returncode}\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass  # not listening yet
-            time.sleep(0.1)
-        pytest.fail(f"prometheus not ready after {READY_TIMEOUT_S:.0f}s\n{self.log_tail()}")
+        try:
+            self.proc.wait_ready(READY_TIMEOUT_S)
+        except RuntimeError as e:
+            pytest.fail(f"{e}\n{self.log_tail()}")
 
     def query(self, promql: str) -> list[dict]:
         return query(self.url, promql)
@@ -87,13 +71,7 @@ class PrometheusServer:
         return "\n".join(text.splitlines()[-lines:])
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        self.proc.stop()
 
 
 @pytest.fixture

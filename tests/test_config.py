@@ -220,3 +220,17 @@ def test_cli_config_show_prints_effective_config(tmp_path):
                           text=True, timeout=120, cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr
     assert "0.00123" in proc.stdout and "[ppo]" in proc.stdout
+
+
+def test_password_in_endpoint_url_is_redacted_in_show_and_saved_config(tmp_path):
+    from rapid.config import redact_url
+
+    secret = "Pa55w0rdCanary"
+    url = f"http://minio-user:{secret}@127.0.0.1:9000"
+    out = subprocess.run([*_rapid_cli(), "config", "show", "--set", f'store.endpoint_url="{url}"'],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0 and secret not in out.stdout + out.stderr
+    assert 'endpoint_url = "http://minio-user:***@127.0.0.1:9000"' in out.stdout
+    cfg = C.load_config(None, [f'store.endpoint_url="{url}"'])
+    assert secret not in C.to_toml(cfg) and cfg.store.endpoint_url == url, "redacted on output only"
+    assert redact_url("s3://bucket/x") == "s3://bucket/x" and redact_url("") == ""

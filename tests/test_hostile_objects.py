@@ -291,3 +291,59 @@ def test_params_that_do_not_fit_the_model_are_rejected_and_the_worker_keeps_its_
     assert _swap_params(worker, poller, (7, {"x": np.zeros(1)}), 0) == 0 and worker.version == 0
     assert _swap_params(worker, poller, (8, tensors(8)), 0) == 8
     assert 7 in poller._bad and "does not fit" in failures[0]
+
+
+def test_loader_skips_oversized_fifo_and_linked_objects_and_loads_the_rest(tmp_path):
+    """The optimizer's loader over a store holding an 8 GB sparse file, a FIFO and a /dev/zero link named
+    like experience objects: nothing blocks or is read whole, the oversized object is counted as bad
+    once, and the good object is loaded."""
+    import os
+
+    from rapid.infra.store import LocalStore
+    from rapid.loader import ExperienceLoader
+    from rapid.opt.buffer import ExperienceBuffer
+
+    store = LocalStore(tmp_path)
+    store.put("experience/w0/a-00000001.rxp", encode_experience(good_batch()))
+    folder = tmp_path / "experience" / "w9"
+    folder.mkdir()
+    with open(folder / "a-00000001.rxp", "wb") as f:
+        f.truncate(8 << 30)
+    os.mkfifo(folder / "a-00000002.rxp")
+    os.symlink("/dev/zero", folder / "a-00000003.rxp")
+    loader = ExperienceLoader(store, SHAPE, ExperienceBuffer(100, max_staleness=8), poll_s=0.02, retention_s=0)
+    loader.start()
+    try:
+        wait_for(lambda: loader.stats.objects == 1 and loader.stats.bad_objects == 1)
+        import time
+
+        time.sleep(0.5)  # many more polls: nothing re-counted, nothing blocked
+        assert loader.stats.store_errors == 0
+        assert loader.stats.bad_objects == 1 and loader.stats.objects == 1
+    finally:
+        loader.stop()
+
+
+def test_result_folding_goes_on_past_giant_fifo_and_linked_result_objects(tmp_path):
+    import os
+
+    from rapid.infra.store import LocalStore
+    from rapid.league.pool import League
+    from rapid.league.results import MatchResult, ResultFolder, ResultWriter
+    from rapid.league.state import Member, PoolState, version_id
+
+    store = LocalStore(tmp_path)
+    league = League(store)
+    league.update(lambda s: PoolState(members={version_id(1): Member(version_id(1), "snapshot", 1)}))
+    folder_path = tmp_path / "league" / "results" / "zz"
+    folder_path.mkdir(parents=True)
+    with open(folder_path / "000000000001.rmr", "wb") as f:
+        f.truncate(8 << 30)
+    os.mkfifo(folder_path / "000000000002.rmr")
+    os.symlink("/dev/zero", folder_path / "000000000003.rmr")
+    ResultWriter(store, "w1").write([MatchResult(3, version_id(1), "learner", 10, "w1", 1.0)])
+    folder = ResultFolder(league)
+    report = folder.fold_pending()
+    assert (report.objects, report.games, report.bad_objects) == (1, 1, 1)  # the FIFO and link: never listed
+    assert folder.fold_pending().bad_objects == 0  # counted once
+    assert league.read().members[version_id(1)].games == 1

@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 
+from rapid.config import LeagueConfig, load_config
 from rapid.errors import FormatError, UsageError
 from rapid.formats.params import ParamsObject
 from rapid.infra.store import LocalStore
@@ -19,7 +20,6 @@ from rapid.league.results import MatchResult, ResultFolder, ResultWriter, decode
 from rapid.league.sampling import (
     LATEST,
     OpponentSampler,
-    SamplingConfig,
     opponent_distribution,
     pfsp_probabilities,
     pfsp_weight,
@@ -115,7 +115,7 @@ def _chi_square_ok(counts, dist, n):
 def test_openai_five_distribution_against_formula():
     state = pool_of(snap(1, -1.0), snap(2, 0.0), snap(3, 0.7), snap(4, 2.0, retired=True))
     state = ensure_bots(state, ["bot:random", "bot:lane"], 0.0)
-    config = SamplingConfig(latest_prob=0.8, bot_prob=0.1)
+    config = LeagueConfig(latest_prob=0.8, bot_prob=0.1)
     dist = opponent_distribution(state, config)
     z = math.exp(-1.0) + 1 + math.exp(0.7)
     assert dist[LATEST] == pytest.approx(0.9 * 0.8)
@@ -128,7 +128,7 @@ def test_openai_five_distribution_against_formula():
 
 
 def test_missing_categories_fall_back_to_latest():
-    assert opponent_distribution(PoolState(), SamplingConfig(bot_prob=0.5)) == {LATEST: 1.0}
+    assert opponent_distribution(PoolState(), LeagueConfig(bot_prob=0.5)) == {LATEST: 1.0}
 
 
 def test_pfsp_weighting():
@@ -142,7 +142,7 @@ def test_pfsp_weighting():
     assert [probs[m.id] for m in (a, b, c)] == pytest.approx([x / sum(w) for x in w])
     assert pfsp_probabilities([snap(1, games=2, wins=2)], 1.0) == {version_id(1): 1.0}  # all zero: uniform
     state = pool_of(a, b, c)
-    counts, dist = _draw_counts(opponent_distribution, SamplingConfig(scheme="pfsp", latest_prob=0.5),
+    counts, dist = _draw_counts(opponent_distribution, LeagueConfig(scheme="pfsp", latest_prob=0.5),
                                 state, seed=1)
     assert _chi_square_ok(counts, dist, 20_000)
 
@@ -150,17 +150,18 @@ def test_pfsp_weighting():
 def test_quality_probabilities_are_softmax_and_bad_config_rejected():
     probs = quality_probabilities([snap(1, 1000.0), snap(2, 999.0)])  # no overflow
     assert probs[version_id(1)] == pytest.approx(math.e / (math.e + 1))
-    with pytest.raises(UsageError):
-        SamplingConfig(scheme="elo")
-    with pytest.raises(UsageError):
-        SamplingConfig(latest_prob=1.5)
+    # The sampler takes the config's league section, checked once when the config is loaded.
+    with pytest.raises(UsageError, match="league.scheme"):
+        load_config(None, ["league.scheme=elo"])
+    with pytest.raises(UsageError, match="league.latest_prob"):
+        load_config(None, ["league.latest_prob=1.5"])
 
 
 def test_sampler_refresh_and_params_cache(store):
     league = League(store)
     ParameterStore(store).publish(5, {"w": np.full(3, 5, np.float32)})
     clock = [0.0]
-    sampler = OpponentSampler(league, SamplingConfig(latest_prob=0.0), refresh_s=10, cache_size=1,
+    sampler = OpponentSampler(league, LeagueConfig(latest_prob=0.0, refresh_s=10), cache_size=1,
                               clock=lambda: clock[0])
     rng = np.random.default_rng(0)
     assert sampler.choose(rng).kind == "latest"  # no pool yet

@@ -12,13 +12,14 @@ import json
 import numpy as np
 import pytest
 
+from rapid.config import LeagueConfig
 from rapid.errors import UsageError
 from rapid.formats.params import ParamsObject
 from rapid.infra.store import LocalStore, StoreError
 from rapid.league import cli
 from rapid.league.pool import League
 from rapid.league.results import MatchResult, ResultFolder, ResultWriter
-from rapid.league.sampling import OpponentSampler, SamplingConfig
+from rapid.league.sampling import OpponentSampler
 from rapid.league.state import (
     Member,
     PoolConflict,
@@ -26,13 +27,13 @@ from rapid.league.state import (
     PoolState,
     SnapshotConflict,
     foreign_id,
-    load_json,
     load_pool,
     version_id,
 )
 from rapid.matches import resolve_version
 from rapid.param_store import ParameterStore
 from rapid.store_map import (
+    load_json,
     parse_params_key,
     parse_pool_revision_key,
     parse_version_text,
@@ -77,7 +78,7 @@ def test_unicode_digit_names_are_not_versions(store):
     assert params.versions() == [2]
     (store.root / "league" / "pool.json").unlink()  # readers now find the head by listing revisions
     assert set(league.read().members) == {"bot:random"}
-    sampler = OpponentSampler(league, SamplingConfig(), refresh_s=0)  # what a rollout worker runs
+    sampler = OpponentSampler(league, LeagueConfig())  # what a rollout worker runs
     sampler.refresh(force=True)
     assert sampler.refresh_errors == 0 and set(sampler.state.members) == {"bot:random"}
     for digits in UNICODE_DIGITS:
@@ -93,14 +94,14 @@ def test_unicode_digit_names_are_not_versions(store):
 def test_odd_result_names_are_counted_once_and_folding_goes_on(store):
     league = League(store)
     league.update(lambda s: PoolState(members={version_id(1): Member(version_id(1), "snapshot", 1)}))
-    for key in ("league/results/w0/a b.rmr", "league/results/ü/000000000001.rmr", "league/results/w0/²³.rmr",
-                "league/results/w0/.rmr"):
+    # (A dot-file such as ".rmr" is not listed at all by the local store: it hides temp files.)
+    for key in ("league/results/w0/a b.rmr", "league/results/ü/000000000001.rmr", "league/results/w0/²³.rmr"):
         plant(store, key, b"x")
     writer = ResultWriter(store, "w1")
     writer.write([MatchResult(3, version_id(1), "learner", 10, "w1", 1.0)])
     folder = ResultFolder(league)
     report = folder.fold_pending()
-    assert (report.objects, report.games, report.bad_objects) == (1, 1, 4)
+    assert (report.objects, report.games, report.bad_objects) == (1, 1, 3)
     writer.write([MatchResult(3, version_id(1), "opponent", 10, "w1", 2.0)])
     report = folder.fold_pending()
     assert (report.objects, report.games, report.bad_objects) == (1, 1, 0), "counted once, then skipped"
@@ -198,7 +199,7 @@ def test_out_of_range_numbers_in_a_pool_document_are_rejected(tmp_path, number, 
     a.put(pool_revision_key(league.read().revision + 1), bad)  # the head revision, as a bad writer left it
     with pytest.raises(PoolFormatError):
         league.read()
-    sampler = OpponentSampler(league, SamplingConfig(), refresh_s=0)
+    sampler = OpponentSampler(league, LeagueConfig())
     sampler.refresh(force=True)
     assert sampler.refresh_errors == 1, "a rollout worker counts it and keeps playing"
     # An export holding such a pool is refused before anything is written.

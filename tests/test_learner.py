@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from rapid.opt.learner import Learner, LearnerSettings
+from rapid.opt.config import PPOConfig
+from rapid.opt.learner import Learner
 from tests.learner_data import make_policy, played_batch
 from tests.test_distributed import mpiexec
 
@@ -23,9 +24,9 @@ class GradRecorder:
         self.grads = {str(i): p.grad.detach().clone() for i, p in enumerate(params)}
 
 
-def gradients(batch, **settings) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+def gradients(batch, microbatch=0, **settings) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     record = GradRecorder()
-    learner = Learner(make_policy(), LearnerSettings(**settings), all_reduce=record)
+    learner = Learner(make_policy(), PPOConfig(**settings), microbatch_samples=microbatch, all_reduce=record)
     stats = learner.update(batch)
     return record.grads, stats
 
@@ -57,7 +58,7 @@ def test_microbatches_do_not_change_the_gradient():
 def test_fresh_data_has_ratio_one_although_the_normalizer_moves():
     policy = make_policy()
     batch = played_batch(policy, S=16, seed=3, obs_mean=3.0, obs_scale=2.0)  # far from the normalizer's 0 / 1
-    learner = Learner(policy, LearnerSettings(lr=0.0))
+    learner = Learner(policy, PPOConfig(lr=0.0))
     mean_before = policy.obs_norm.mean.clone()
     stats = learner.update(batch)
     assert stats["skipped"] == 0.0
@@ -71,7 +72,7 @@ def test_fresh_data_has_ratio_one_although_the_normalizer_moves():
 def test_normalizer_takes_the_batch_statistics_after_the_update():
     policy = make_policy()
     batch = played_batch(policy, S=16, seed=4)
-    Learner(policy, LearnerSettings()).update(batch)
+    Learner(policy, PPOConfig()).update(batch)
     obs = batch["obs"].reshape(-1, batch["obs"].shape[-1]).astype(np.float64)
     n0 = 1e-4
     assert float(policy.obs_norm.count) == pytest.approx(n0 + obs.shape[0])
@@ -87,7 +88,7 @@ def test_value_outputs_preserved_when_the_return_scale_moves():
     for preserve in (True, False):
         policy = make_policy()
         w, b, scale = policy.value_head.weight.clone(), policy.value_head.bias.clone(), float(policy.return_scale)
-        Learner(policy, LearnerSettings(lr=0.0, preserve_value_outputs=preserve)).update(batch)
+        Learner(policy, PPOConfig(lr=0.0, preserve_value_outputs=preserve)).update(batch)
         new_scale = float(policy.return_scale)
         assert new_scale > scale * 1.5
         if preserve:
@@ -124,7 +125,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 def test_update_on_device(device):
     policy = make_policy(0, device)
     batch = played_batch(make_policy(0), S=16, seed=7)  # played on CPU, as the workers do
-    learner = Learner(policy, LearnerSettings(lr=1e-3, microbatch=8), device)
+    learner = Learner(policy, PPOConfig(lr=1e-3), device, microbatch_samples=8)
     before = {k: v.copy() for k, v in policy.tensors().items()}
     stats = learner.update(batch)
     assert stats["skipped"] == 0.0 and learner.updates == 1
@@ -146,11 +147,11 @@ def test_checkpoint_loads_onto_a_device_learner(device):
     from rapid.formats.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
 
     batch = played_batch(make_policy(0), S=8, seed=8)
-    first = Learner(make_policy(0, device), LearnerSettings(lr=1e-3), device)
+    first = Learner(make_policy(0, device), PPOConfig(lr=1e-3), device)
     first.update(batch)
     data = encode_checkpoint(Checkpoint.from_torch(1, 1, first.policy.tensors(), first.adam.state_dict()))
     ckpt = decode_checkpoint(data)
-    resumed = Learner(make_policy(1, device), LearnerSettings(lr=1e-3), device)
+    resumed = Learner(make_policy(1, device), PPOConfig(lr=1e-3), device)
     resumed.policy.load_tensors(ckpt.model)
     resumed.adam.load_state_dict(ckpt.adam_state())
     moments = [t for s in resumed.adam.state.values() for name, t in s.items() if name != "step"]
@@ -159,3 +160,17 @@ def test_checkpoint_loads_onto_a_device_learner(device):
     resumed.update(batch)  # the same next step as the learner that was never stopped
     for k, v in first.policy.tensors().items():
         np.testing.assert_allclose(resumed.policy.tensors()[k], v, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_batch_staged_ahead_trains_as_the_arrays_do(device):
+    batch = played_batch(make_policy(0), S=12, seed=9)
+    a = Learner(make_policy(0, device), PPOConfig(lr=1e-3), device, microbatch_samples=4)
+    b = Learner(make_policy(0, device), PPOConfig(lr=1e-3), device, microbatch_samples=4)
+    staged = b.stage(batch)
+    assert {t.device.type for t in staged.values()} == {device}
+    sa, sb = a.update(batch), b.update(staged)
+    for key in ("policy_loss", "value_loss", "entropy", "approx_kl", "grad_norm", "explained_variance"):
+        assert sb[key] == pytest.approx(sa[key], rel=1e-6, abs=1e-9), key
+    for k, v in a.policy.tensors().items():
+        np.testing.assert_allclose(b.policy.tensors()[k], v, rtol=1e-6, atol=1e-7)

@@ -54,10 +54,10 @@ def test_future_versions_are_rejected_once_and_removed_by_retention(tmp_path):
 class _BombStore(LocalStore):
     """A narrow fake: reading one key raises what a memory bomb raises."""
 
-    def get(self, key):
+    def get(self, key, **kw):
         if "bomb" in key:
             raise MemoryError
-        return super().get(key)
+        return super().get(key, **kw)
 
 
 def test_no_exception_kills_the_loader_thread(tmp_path, monkeypatch):

@@ -83,7 +83,7 @@ def test_evaluate_reproduces_act_with_game_start_inside_sample():
     assert (entropy > 0).all()
     # evaluate must differentiate
     (logp.sum() + value.sum()).backward()
-    assert policy.logits.weight.grad is not None and policy.lstm.weight_hh.grad.abs().sum() > 0
+    assert policy.logits.weight.grad is not None and policy.lstm.weight_hh_l0.grad.abs().sum() > 0
 
     # Ignoring `first` (not zeroing the state) would give different log-probs for row 1 after t=3:
     logp_nofirst, _, _ = policy.evaluate(obs, mask, actions, h0, c0, torch.zeros_like(first))
@@ -278,3 +278,47 @@ def test_tensors_round_trip_from_a_device_policy(device):
     obs = torch.randn(5, OBS)
     torch.testing.assert_close(back.value(obs.to(device), back.initial_state(5)).cpu(),
                                on_cpu.value(obs, on_cpu.initial_state(5)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("reset_prob", [0.0, 0.1, 0.6])
+def test_fused_runs_reproduce_the_worker_whatever_the_game_starts(reset_prob):
+    """No game start after step 0 (one fused call), a few, and many (consecutive ones, at the last step)."""
+    worker = played_policy(4)
+    batch = played_batch(worker, S=9, T=7, seed=int(reset_prob * 10), reset_prob=reset_prob)
+    if reset_prob:
+        batch["first"][1, -1] = batch["first"][2, 3] = batch["first"][2, 4] = True
+        batch = _replay(worker, batch)
+    t = {k: torch.from_numpy(batch[k]) for k in ("obs", "mask", "actions", "h0", "c0", "first")}
+    logp, _, value = worker.evaluate(t["obs"], t["mask"], t["actions"], t["h0"], t["c0"], t["first"])
+    np.testing.assert_allclose(logp.detach().numpy(), batch["logp"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(value.detach().numpy() * float(worker.return_scale), batch["values"], rtol=1e-5,
+                               atol=1e-5)
+
+
+def _replay(policy, batch):
+    """The stored log-probs and values of ``batch``'s actions, stepped one at a time as the worker does."""
+    S, T = batch["first"].shape
+    h, c = torch.from_numpy(batch["h0"]), torch.from_numpy(batch["c0"])
+    logps, values = [], []
+    for t in range(T):
+        keep = torch.from_numpy(~batch["first"][:, t]).float().unsqueeze(-1)
+        h, c = h * keep, c * keep
+        obs, mask = torch.from_numpy(batch["obs"][:, t]), torch.from_numpy(batch["mask"][:, t])
+        out = policy.act(obs, mask, (h, c))
+        h, c = out.state
+        with torch.no_grad():
+            heads = policy._log_probs(h, mask)
+        acts = torch.from_numpy(batch["actions"][:, t])
+        logps.append(sum(lp.gather(-1, acts[:, i:i + 1]).squeeze(-1) for i, lp in enumerate(heads)).numpy())
+        values.append(out.value.numpy())
+    return {**batch, "logp": np.stack(logps, 1), "values": np.stack(values, 1)}
+
+
+def test_parameters_saved_under_the_old_lstm_cell_names_still_load():
+    src = make_policy(7)
+    old = {k.replace("_l0", ""): v for k, v in src.tensors().items()}
+    assert "lstm.weight_ih" in old
+    dst = Policy(OBS, HEADS, hidden=16, encoder_layers=2, lstm=LSTM)
+    dst.load_tensors(old)
+    for k, v in src.tensors().items():
+        np.testing.assert_array_equal(dst.tensors()[k], v)

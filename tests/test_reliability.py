@@ -31,7 +31,8 @@ from rapid.infra.s3 import S3Store
 from rapid.infra.store import InvalidKey, LocalStore, open_store
 from rapid.league import League
 from rapid.monitoring.logs import read_jsonl
-from rapid.opt.learner import Learner, LearnerSettings
+from rapid.opt.config import PPOConfig
+from rapid.opt.learner import Learner
 from rapid.opt.model import Policy
 from rapid.param_store import ParameterStore
 from rapid.roles.startup import env_spec
@@ -486,7 +487,7 @@ def test_learner_skips_nonfinite_batches_and_changes_nothing():
     torch.manual_seed(0)
     shape = experience.Shape(bptt=4, obs_dim=5, mask_dim=7, heads=1, lstm=8)
     policy = Policy(5, [7], hidden=16, encoder_layers=1, lstm=8, obs_clip=5.0)
-    learner = Learner(policy, LearnerSettings())
+    learner = Learner(policy, PPOConfig())
     rng = np.random.default_rng(0)
 
     def batch(**edit):
@@ -555,10 +556,7 @@ def test_train_bad_value_per_section_exit_2_and_no_run_dir(tmp_path, bad):
 def test_role_bad_arguments_exit_2(tmp_path, args, field):
     out = subprocess.run([RAPID, *args], capture_output=True, text=True, timeout=60, cwd=tmp_path,
                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    if args[-1] == "--bogus-flag":  # argparse: usage line + error line, exit 2
-        assert out.returncode == 2 and "Traceback" not in out.stderr and field in out.stderr
-    else:
-        _one_line_error(out, 2, field)
+    _one_line_error(out, 2, field)  # argparse errors too: one line, no usage block
     # No store and no run state; a role that got as far as its metrics exporter leaves only its scrape-target
     # file runs/<name>/metrics/*.json (known gap, docs/reliability.md).
     # (an unknown game is found after the local store folder was opened: it stays empty, see known gaps)

@@ -14,7 +14,8 @@ from rapid.formats.experience import ExperienceBatch, Shape, decode_experience, 
 from rapid.infra.store import LocalStore
 from rapid.loader import ExperienceLoader
 from rapid.opt.buffer import ExperienceBuffer
-from rapid.opt.learner import Learner, LearnerSettings
+from rapid.opt.config import PPOConfig
+from rapid.opt.learner import Learner
 from rapid.opt.model import Policy
 from rapid.rollout_worker import RolloutSettings, RolloutWorker
 from rapid.uploader import Uploader
@@ -109,7 +110,7 @@ def test_learner_update_changes_parameters(worker, segments):
     torch.manual_seed(1)
     policy = Policy(worker.env.spec.obs_dim, worker.env.spec.action_heads, hidden=32, encoder_layers=1, lstm=LSTM)
     policy.load_tensors(worker.policy.tensors())
-    learner = Learner(policy, LearnerSettings(lr=1e-3))
+    learner = Learner(policy, PPOConfig(lr=1e-3))
     before = {k: v.copy() for k, v in policy.tensors().items()}
     batch = {k: np.concatenate([s.arrays[k] for s in segments]) for k in segments[0].arrays}
     stats = learner.update(batch)

@@ -61,6 +61,7 @@ batch_samples = 32
 buffer_samples = 1024
 checkpoint_every = 1000
 max_reuse = 4.0
+balance = false          # a fixed cadence: one version per update, so versions and updates can be compared
 [eval]
 interval_s = 0
 [metrics]

@@ -16,7 +16,7 @@ This package handles numpy arrays only (no torch), so importing it stays light.
 from rapid.league.pool import League
 from rapid.league.ratings import conservative, rate_games, rating_of
 from rapid.league.results import MatchResult, ResultFolder, ResultWriter, fold_results
-from rapid.league.sampling import LATEST, OpponentChoice, OpponentSampler, SamplingConfig
+from rapid.league.sampling import LATEST, OpponentChoice, OpponentSampler
 from rapid.league.state import (
                                 Member,
                                 PoolConflict,
@@ -31,6 +31,6 @@ from rapid.league.state import (
 __all__ = [
     "LATEST", "League", "MatchResult", "Member", "OpponentChoice", "OpponentSampler", "PoolConflict",
     "PoolFormatError", "PoolMissing", "PoolState", "Rating", "ResultFolder", "ResultWriter",
-    "SamplingConfig", "conservative", "ensure_bots", "fold_results", "rate_games", "rating_of",
+    "conservative", "ensure_bots", "fold_results", "rate_games", "rating_of",
     "version_id",
 ]

@@ -152,6 +152,8 @@ def _add(args, league: League) -> int:
         print(f"added {bot}")
         return 0
     if args.version is not None:
+        if args.version < 0:
+            raise UsageError(f"--version must be a published version (≥ 0), got {args.version}")
         try:
             blob = league.store.get(params_key(args.version))
         except KeyNotFound:
@@ -218,10 +220,11 @@ def read_file(path: Path, limit: int) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # non-blocking: opening a FIFO must not hang
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(f"cannot read {path}: not a regular file")
     with os.fdopen(fd, "rb") as f:
         info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise UsageError(f"cannot read {path}: not a regular file")
         if info.st_size > limit:
             raise UsageError(f"cannot read {path}: {info.st_size} bytes, limit {limit}")
         try:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from rapid.errors import FormatError
 from rapid.formats import codec
-from rapid.infra.store import InvalidKey, KeyNotFound, Store
+from rapid.infra.store import BadObject, InvalidKey, KeyNotFound, Store
 from rapid.league.pool import League
 from rapid.league.sampling import LATEST, quality_probabilities, quality_update
 from rapid.league.state import PoolState
@@ -172,12 +172,12 @@ class ResultFolder:
             if len(pending) >= self.max_objects:
                 break
             try:
-                pending[key] = decode_results(store.get(key))
+                pending[key] = decode_results(store.get(key, max_bytes=LIMITS.max_bytes))
             except KeyNotFound:
                 continue
-            except InvalidKey:
-                # A file no writer could have made (an odd name put there by hand): the store refuses to
-                # read or delete it, so count it once and never look at it again.
+            except (InvalidKey, BadObject):
+                # A file no writer could have made (an odd name, a giant, a FIFO, a link put there by hand):
+                # the store refuses to read it, so count it once and never look at it again.
                 self.unreadable.add(key)
                 unnamed += 1
             except FormatError:

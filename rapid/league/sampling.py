@@ -11,7 +11,7 @@ otherwise the latest policy with probability ``latest_prob``, or else a past sna
 Missing categories (no bots, no snapshots) give their share to the latest policy.
 Usage in a rollout worker::
 
-    sampler = OpponentSampler(League(store), SamplingConfig(latest_prob=0.8), refresh_s=30)
+    sampler = OpponentSampler(League(store), cfg.league)   # the config's league section, validated at load
     choice = sampler.choose(rng)        # at every game start; fixed for the whole game
     if choice.kind == "snapshot":
         params = sampler.load_params(choice.id)      # LRU-cached, not re-downloaded per game
@@ -27,32 +27,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rapid.errors import FormatError, UsageError
+from rapid.config import LeagueConfig
+from rapid.errors import FormatError
 from rapid.formats.params import ParamsObject
 from rapid.infra.store import StoreError
 from rapid.league.pool import League
 from rapid.league.state import Member, PoolState
 
 LATEST = "latest"
-SCHEMES = ("openai_five", "pfsp")
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    scheme: str = "openai_five"
-    latest_prob: float = 0.8
-    eta: float = 0.01
-    pfsp_power: float = 2.0
-    bot_prob: float = 0.0
-
-    def __post_init__(self):
-        if self.scheme not in SCHEMES:
-            raise UsageError(f"league scheme must be one of {SCHEMES}, got {self.scheme!r}")
-        for name in ("latest_prob", "bot_prob"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise UsageError(f"league {name} must be in [0, 1], got {getattr(self, name)}")
-        if self.eta < 0 or self.pfsp_power < 0:
-            raise UsageError("league eta and pfsp_power must be non-negative")
 
 
 @dataclass(frozen=True)
@@ -91,7 +73,7 @@ def pfsp_probabilities(snapshots: list[Member], power: float) -> dict[str, float
     return {k: w / total for k, w in weights.items()}
 
 
-def past_probabilities(state: PoolState, config: SamplingConfig) -> dict[str, float]:
+def past_probabilities(state: PoolState, config: LeagueConfig) -> dict[str, float]:
     """The distribution over active snapshots, given that a past opponent is played."""
     if config.scheme == "pfsp":
         return pfsp_probabilities(state.snapshots(), config.pfsp_power)
@@ -109,7 +91,7 @@ def quality_update(quality: float, probability: float, n_snapshots: int, eta: fl
     return quality - eta / (n_snapshots * max(probability, MIN_UPDATE_PROBABILITY))
 
 
-def opponent_distribution(state: PoolState, config: SamplingConfig) -> dict[str, float]:
+def opponent_distribution(state: PoolState, config: LeagueConfig) -> dict[str, float]:
     """Every possible opponent of the next game (``LATEST``, snapshot ids, bot ids) with its probability."""
     bots = state.bots()
     past = past_probabilities(state, config)
@@ -135,11 +117,11 @@ class OpponentSampler:
     playing because the league is briefly unavailable; ``refresh_errors`` counts such failures.
     """
 
-    def __init__(self, league: League, config: SamplingConfig, refresh_s: float = 30.0, cache_size: int = 4,
+    def __init__(self, league: League, config: LeagueConfig, cache_size: int = 4,
                  clock: Callable[[], float] = time.monotonic):
         self.league = league
         self.config = config
-        self.refresh_s = refresh_s
+        self.refresh_s = config.refresh_s
         self.cache_size = cache_size
         self.clock = clock
         self.state = PoolState()

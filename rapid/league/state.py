@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from dataclasses import asdict, dataclass, field, replace
 
 from rapid.errors import FormatError
+from rapid.store_map import load_json
 
 POOL_FORMAT = "rapid.league_pool"
 POOL_SCHEMA = 1
@@ -208,30 +208,6 @@ def _typed(value, kind, where: str):
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise PoolFormatError(f"{where} has type {type(value).__name__}")
     return value
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not allowed")  # NaN or ±Infinity would poison sampling
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e999 reads as infinity without ever spelling "Infinity"
-        raise ValueError(f"number {text[:32]} is out of range")
-    return value
-
-
-def _bounded_int(text: str) -> int:
-    value = int(text)
-    if abs(value) >= 1 << 63:  # would overflow a float or an int64 downstream
-        raise ValueError(f"integer {text[:32]} is out of range")
-    return value
-
-
-def load_json(data: bytes):
-    """A JSON document with only finite numbers (no NaN, no ±Infinity, no 1e999, no 64-bit overflow);
-    ValueError otherwise. Every JSON document read from a store goes through here."""
-    return json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_bounded_int)
 
 
 def load_pool(data: bytes, where: str = "pool document") -> PoolState:

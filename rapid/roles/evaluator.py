@@ -21,7 +21,7 @@ from rapid.roles.startup import JsonlLog, StopFlag, build_policy, open_run_store
 
 def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
     log = setup_logging("evaluator")
-    stop = stop or StopFlag()
+    stop = StopFlag() if stop is None else stop  # an unset flag is falsy
     torch.set_num_threads(1)
     metrics = start_metrics(EvaluatorMetrics, cfg)
     store = open_run_store(cfg, metrics)
@@ -92,9 +92,7 @@ def _play_pool(cfg: Config, env, league: League, policy, version: int, games: in
     if not snapshots:
         return None
     member = snapshots[rounds % len(snapshots)]
-    past = build_policy(cfg, env.spec)
-    past.load_tensors(league.load_snapshot(member.id).tensors)
-    past.eval()
+    past = build_policy(cfg, env.spec, league.load_snapshot(member.id).tensors)
     result = play_match(env, PolicyPlayer(policy, f"v{version}"), PolicyPlayer(past, member.id), games,
                         seed=cfg.run.seed + 7 * rounds)
     log.info(result.line(f"v{version}", member.id))

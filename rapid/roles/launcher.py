@@ -3,16 +3,25 @@
 The launcher starts the optimizer, N rollout workers and the evaluator as child processes of their own
 (so Ctrl-C reaches only the launcher, which then stops them in order: workers first, the optimizer last,
 after its final checkpoint). Children also get SIGTERM if the launcher itself dies, so none is orphaned.
+
+With ``in_process`` (`rapid train --in-process`) the same role mains run as threads of the launcher's process
+instead, sharing one stop flag, their logs in ``logs/in-process.log``, experience decoded inline (no decode
+worker processes): one process a debugger can follow from the env to the gradient, and fast tests. Progress,
+restarts and the summary are the same.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +29,7 @@ from rapid.config import Config, to_toml
 from rapid.errors import UsageError
 from rapid.monitoring.metrics import LauncherMetrics
 from rapid.progress import Progress, RunLogs, final_summary
-from rapid.roles.startup import StopFlag, rollout_seed, start_metrics
+from rapid.roles.startup import StopFlag, log_to_file, rollout_seed, start_metrics
 
 PR_SET_PDEATHSIG = 1
 
@@ -53,9 +62,13 @@ class Child:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def signal(self, sig: int) -> None:
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode if self.proc else None
+
+    def stop(self) -> None:
         if self.alive():
-            self.proc.send_signal(sig)
+            self.proc.send_signal(signal.SIGTERM)
 
     def wait(self, timeout: float) -> None:
         if self.proc is None:
@@ -65,6 +78,46 @@ class Child:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+@dataclass
+class ThreadRole:
+    """A role main on a thread of the launcher's process; every role shares the launcher's stop flag."""
+
+    role: str
+    main: Callable[[], int]
+    log_path: Path
+    flag: StopFlag
+    thread: threading.Thread | None = None
+    returncode: int | None = None
+    restarts: int = 0
+    exit_codes: list[int] = field(default_factory=list)
+
+    def start(self) -> None:
+        self.returncode = None
+        self.thread = threading.Thread(target=self._run, name=self.role, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        log = logging.getLogger(f"rapid.{self.role}")
+        try:
+            self.returncode = self.main()
+        except UsageError as e:  # what the role's process would print before exiting 2
+            log.error("%s", e)
+            self.returncode = 2
+        except Exception:  # a process would die with this traceback: log it, the launcher restarts the role
+            log.exception("%s failed", self.role)
+            self.returncode = 1
+
+    def alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def stop(self) -> None:
+        self.flag.set("launcher")
+
+    def wait(self, timeout: float) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout)
 
 
 def default_workers() -> int:
@@ -83,26 +136,52 @@ def prepare_run_dir(cfg: Config, resume: bool) -> Path:
     return run_dir
 
 
-def run_train(cfg: Config, resume: bool = False, show_progress: bool = True) -> int:
-    run_dir = prepare_run_dir(cfg, resume)
-    config_path = str(run_dir / "config.toml")
-    logs = run_dir / "logs"
-    workers = cfg.run.num_workers or default_workers()
+def _processes(cfg: Config, run_dir: Path, resume: bool, workers: int, seed_offset: int, stop: StopFlag):
+    """The optimizer, then the rollout workers and the evaluator, as child processes."""
+    config_path, logs = str(run_dir / "config.toml"), run_dir / "logs"
     optimizer = Child("optimizer", ["optimizer", "--config", config_path] + (["--resume"] if resume else []),
                       logs / "optimizer.log")
-    # A resumed run plays new games: its workers' seeds differ from the first run's.
-    seed_offset = int(time.time()) if resume else 0
     rollouts = [Child(f"rollout-{i}", ["rollout", "--config", config_path, "--worker-id", f"w{i}",
                                        "--seed", str(rollout_seed(cfg.run.seed, f"w{i}", i) + seed_offset)],
                       logs / f"rollout-{i}.log") for i in range(workers)]
-    helpers = rollouts + ([Child("evaluator", ["evaluator", "--config", config_path], logs / "evaluator.log")]
-                          if cfg.eval.interval_s > 0 else [])
+    evaluator = [Child("evaluator", ["evaluator", "--config", config_path], logs / "evaluator.log")]
+    return optimizer, rollouts, evaluator
+
+
+def _threads(cfg: Config, run_dir: Path, resume: bool, workers: int, seed_offset: int, stop: StopFlag):
+    """The same roles as threads of this process, each running its role main with the shared stop flag."""
+    from rapid.roles.evaluator import run_evaluator
+    from rapid.roles.optimizer import run_optimizer
+    from rapid.roles.rollout import run_rollout
+
+    log = run_dir / "logs" / "in-process.log"
+    log_to_file(log)
+    # One process means one: the optimizer decodes experience inline instead of in worker processes.
+    cfg = dataclasses.replace(cfg, optimizer=dataclasses.replace(cfg.optimizer, decode_workers=0))
+    optimizer = ThreadRole("optimizer", lambda: run_optimizer(cfg, resume=resume, stop=stop), log, stop)
+    rollouts = [ThreadRole(f"rollout-{i}", lambda i=i: run_rollout(
+        cfg, f"w{i}", rollout_seed(cfg.run.seed, f"w{i}", i) + seed_offset, stop=stop, rank=i), log, stop)
+        for i in range(workers)]
+    evaluator = [ThreadRole("evaluator", lambda: run_evaluator(cfg, stop=stop), log, stop)]
+    return optimizer, rollouts, evaluator
+
+
+def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_process: bool = False) -> int:
+    run_dir = prepare_run_dir(cfg, resume)
+    logs = run_dir / "logs"
+    workers = cfg.run.num_workers or default_workers()
     stop = StopFlag()
+    # A resumed run plays new games: its workers' seeds differ from the first run's.
+    seed_offset = int(time.time()) if resume else 0
+    optimizer, rollouts, evaluator = (_threads if in_process else _processes)(cfg, run_dir, resume, workers,
+                                                                              seed_offset, stop)
+    helpers = rollouts + (evaluator if cfg.eval.interval_s > 0 else [])
     metrics = start_metrics(LauncherMetrics, cfg)
     run_logs = RunLogs(run_dir)
     progress = Progress(run_logs, enabled=show_progress)
     print(f"rapid train: run {cfg.run.name} in {run_dir} — {workers} rollout worker(s) × {cfg.env.num_games} games "
-          f"of {cfg.env.name}; logs in {logs}; Ctrl-C stops cleanly", flush=True)
+          f"of {cfg.env.name}{', as threads of one process' if in_process else ''}; logs in {logs}; "
+          "Ctrl-C stops cleanly", flush=True)
     started = time.time()
     optimizer.start()
     for child in helpers:
@@ -122,11 +201,11 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True) -> 
                 reason = f"target win rate {cfg.run.target_win_rate:g} reached by v{last_eval['version']}"
                 break
             for child in helpers:
-                if not child.alive() and child.proc.returncode not in (0, None):
-                    child.exit_codes.append(child.proc.returncode)
+                if not child.alive() and child.returncode not in (0, None):
+                    child.exit_codes.append(child.returncode)
                     child.restarts += 1
                     metrics.restart(child.role.split("-")[0])
-                    progress.note(f"{child.role} exited with code {child.proc.returncode}; restarting "
+                    progress.note(f"{child.role} exited with code {child.returncode}; restarting "
                                   f"(see {child.log_path})")
                     child.start()
             metrics.processes_alive("rollout", sum(c.alive() for c in rollouts))
@@ -134,14 +213,14 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True) -> 
             progress.update()
     finally:
         for child in helpers:
-            child.signal(signal.SIGTERM)
-        optimizer.signal(signal.SIGTERM)
+            child.stop()
+        optimizer.stop()
         for child in helpers:
             child.wait(30)
         optimizer.wait(120)
         progress.close()
         metrics.close()
-    code = optimizer.proc.returncode
+    code = optimizer.returncode
     print(final_summary(run_dir, reason, time.time() - started, code))
     if code not in (0, -signal.SIGTERM):
         print(f"rapid train: the optimizer failed (exit code {code}); see {optimizer.log_path}", file=sys.stderr)

@@ -1,50 +1,48 @@
-"""The optimizer role: experience in, published parameter versions out (SPEC §3).
+"""The optimizer role: experience in, published parameter versions out.
 
-All the wiring of one optimizer rank, top to bottom, is :func:`run_optimizer`. With several ranks every
-rank runs it in lock step; only rank 0 publishes, checkpoints and logs.
+All the wiring of one optimizer rank, top to bottom, is :func:`run_optimizer`; its loop is five steps:
+sample → update → publish → league → checkpoint. The loader thread (decoding in worker processes) fills
+the buffer, a background writer publishes and checkpoints, :class:`OptimizerReport` does the metrics
+and the JSON log, and :class:`Balancer` picks the batch size and publish cadence. With several ranks
+every rank runs it in lock step; only rank 0 publishes, checkpoints and logs.
 """
 
 from __future__ import annotations
 
+import copy
+import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from rapid.checkpoints import load_latest_checkpoint, save_checkpoint
+from rapid.balance import Balancer, BalanceSettings, publish_due
+from rapid.checkpoints import newest_version_in_use, resume_point, save_checkpoint
 from rapid.config import Config, to_toml
+from rapid.decode_pool import auto_workers
 from rapid.errors import FormatError, UsageError
 from rapid.formats.checkpoint import Checkpoint
 from rapid.formats.experience import Shape
 from rapid.formats.params import ParamsObject
+from rapid.infra.distributed import ALONE, Identity
 from rapid.infra.store import StoreError
 from rapid.league import League, PoolConflict, ResultFolder, ensure_bots
+from rapid.lease import RunLease
 from rapid.loader import ExperienceLoader
 from rapid.monitoring.metrics import OptimizerMetrics
 from rapid.opt.buffer import ExperienceBuffer
-from rapid.opt.learner import Learner, LearnerSettings
+from rapid.opt.learner import Learner
 from rapid.param_store import ParameterStore
+from rapid.publisher import BackgroundWriter
+from rapid.roles.optimizer_report import OptimizerReport
 from rapid.roles.startup import JsonlLog, StopFlag, build_policy, env_spec, open_run_store, setup_logging, start_metrics
 
 FOLD_EVERY_S = 5.0
+MAX_FAILED_IN_ROW = 50  # a bad batch is skipped; this many in a row is a broken learner, not bad data
 LEAGUE_ERRORS = (StoreError, FormatError, PoolConflict, ValueError, ArithmeticError)
-
-
-@dataclass
-class RankInfo:
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-
-
-def learner_settings(cfg: Config) -> LearnerSettings:
-    p = cfg.ppo
-    return LearnerSettings(lr=p.lr, clip=p.clip, value_coef=p.value_coef, entropy_coef=p.entropy_coef,
-                           entropy_final=p.entropy_final, entropy_anneal_updates=p.entropy_anneal_updates,
-                           max_grad_norm=p.max_grad_norm, betas=(p.adam_beta1, p.adam_beta2), eps=p.adam_eps,
-                           microbatch=cfg.optimizer.microbatch_samples, normalize_returns=p.normalize_returns)
 
 
 def pick_device(cfg: Config, local_rank: int) -> torch.device:
@@ -56,68 +54,80 @@ def pick_device(cfg: Config, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def summarize_episodes(episodes: list[dict]) -> dict[str, float]:
-    """Win rates of the learner by opponent kind, and mean game length/return."""
-    out: dict[str, float] = {}
-    if not episodes:
-        return out
-    out["episodes"] = float(len(episodes))
-    out["episode_length"] = float(np.mean([e["length"] for e in episodes]))
-    out["episode_return"] = float(np.mean([e["learner_return"] for e in episodes]))
-    for kind, match in (("latest", lambda o: o == "latest"), ("bots", lambda o: o.startswith("bot:")),
-                        ("pool", lambda o: o != "latest" and not o.startswith("bot:"))):
-        games = [e for e in episodes if match(e["opponent"])]
-        if games:
-            score = [1.0 if e["winner"] == "learner" else 0.5 if e["winner"] == "draw" else 0.0 for e in games]
-            out[f"win_rate_{kind}"] = float(np.mean(score))
-    return out
+class Agreement:
+    """Every rank must leave the update loop, and publish, on the same iteration, or the others hang in a
+    collective; rank 0's clock decides when a version is due. One all-reduce per update carries both."""
 
+    def __init__(self, ctx, lead: bool):
+        self.ctx, self.lead = ctx, lead
 
-class StopAgreement:
-    """Every rank must leave the update loop on the same iteration, or the others hang in a collective."""
-
-    def __init__(self, ctx):
-        self.ctx = ctx
-
-    def any(self, local_stop: bool) -> bool:
+    def decide(self, local_stop: bool, publish_due: bool) -> tuple[bool, bool]:
         if self.ctx is None:
-            return local_stop
-        return self.ctx.all_reduce_scalars({"stop": float(local_stop)})["stop"] > 0.0
+            return local_stop, publish_due
+        merged = self.ctx.all_reduce_scalars({"stop": float(local_stop), "publish": float(self.lead and publish_due)})
+        return merged["stop"] > 0.0, merged["publish"] > 0.0
 
 
-def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo(), ctx=None,
+@dataclass
+class Position:
+    """Where training stands: shared with the loader, which rejects experience from future versions."""
+
+    version: int
+    updates: int
+
+
+def balance_settings(cfg: Config) -> BalanceSettings:
+    o = cfg.optimizer
+    multiple = o.microbatch_samples or 1
+    if not o.balance:
+        return BalanceSettings(o.batch_samples, o.batch_samples, o.max_reuse, 0.0, multiple)
+    hi = o.max_batch_samples or max(o.batch_samples, min(4 * o.batch_samples, o.buffer_samples // 2))
+    hi = max(o.batch_samples, hi - hi % multiple)
+    interval = o.publish_interval_s or cfg.rollout.upload_interval_s
+    return BalanceSettings(o.batch_samples, hi, o.target_reuse, interval, multiple)
+
+
+def decode_workers(cfg: Config) -> int:
+    n = cfg.optimizer.decode_workers
+    return auto_workers() if n < 0 else n
+
+
+def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx=None,
                   stop: StopFlag | None = None) -> int:
     log = setup_logging(f"optimizer-{rank.rank}")
-    stop = stop or StopFlag()
+    stop = StopFlag() if stop is None else stop  # an unset flag is falsy
     torch.set_num_threads(cfg.optimizer.torch_threads)
     torch.manual_seed(cfg.run.seed)
     lead = rank.rank == 0
     derived = cfg.derive()
     metrics = start_metrics(OptimizerMetrics, cfg, rank.rank, rank.local_rank)
     store = open_run_store(cfg, metrics)
+    lease = RunLease(store).acquire() if lead else None  # a second optimizer on this run stops here, writing nothing
     params = ParameterStore(store)
     spec = env_spec(cfg)
     policy = build_policy(cfg, spec)
     device = pick_device(cfg, rank.local_rank)
-    learner = Learner(policy, learner_settings(cfg), device,
+    learner = Learner(policy, cfg.ppo, device, microbatch_samples=cfg.optimizer.microbatch_samples,
                       all_reduce=ctx.all_reduce_gradients if ctx else None,
-                      all_reduce_scalars=ctx.all_reduce_scalars if ctx else None, world_size=rank.world)
+                      all_reduce_scalars=ctx.all_reduce_scalars if ctx else None, world_size=rank.size)
 
-    # Where this run stands: a fresh start publishes version 0; a resume continues after the newest of
-    # the checkpoint and the published versions, so no version number is ever used twice.
+    # Where this run stands: a fresh start publishes version 0; a resume loads the newest usable checkpoint
+    # and continues after the newest version in use anywhere in the store, so no version is used twice.
     version, updates = 0, 0
-    latest = params.latest_version()
-    if resume:
-        ckpt = load_latest_checkpoint(store)
-        if ckpt is None:
-            raise UsageError(f"--resume: no checkpoint in {store.describe()}")
-        policy.load_tensors(ckpt.model)
-        learner.adam.load_state_dict(ckpt.adam_state())
-        learner.updates = ckpt.updates
-        version, updates = max(ckpt.version, latest or 0), ckpt.updates
-        log.info("resumed from checkpoint v%d (update %d); next version %d", ckpt.version, updates, version + 1)
-    elif latest is not None:
-        raise UsageError(f"{store.describe()} already holds published parameters; use --resume or a new run dir")
+    try:
+        if resume:
+            point = resume_point(store, policy, learner.adam, log)
+            version, updates = point.version, point.updates
+            learner.updates = updates
+            log.info("resumed from %s (update %d); next version %d", point.source, updates, version + 1)
+        elif newest_version_in_use(store) is not None:
+            raise UsageError(f"{store.describe()} already holds published parameters; use --resume or a new run dir")
+    except UsageError:
+        if lease:
+            lease.abandon()  # this optimizer never started: the store is left as it was
+        raise
+    if lease:
+        lease.keep(stop)
     if ctx is not None:
         ctx.broadcast_parameters(policy, src=0)
     if lead and not resume:
@@ -127,90 +137,139 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: RankInfo = RankInfo()
 
     shape = Shape.of(spec, bptt=cfg.rollout.bptt, lstm=cfg.model.lstm)
     buffer = ExperienceBuffer(cfg.optimizer.buffer_samples, cfg.optimizer.max_staleness)
-    loader = ExperienceLoader(store, shape, buffer, rank.rank, rank.world, cfg.optimizer.poll_s,
+    pos = Position(version, updates)
+    loader = ExperienceLoader(store, shape, buffer, rank.rank, rank.size, cfg.optimizer.poll_s,
                               cfg.store.retention_s, on_bad=lambda key, why: metrics.bad_object(_reason(why)),
-                              on_load=lambda n, nbytes, s: metrics.samples_downloaded(n, nbytes, s))
+                              on_load=lambda n, nbytes, s: metrics.samples_downloaded(n, nbytes, s),
+                              decode_workers=decode_workers(cfg), current_version=lambda: pos.version)
     loader.start()
     oplog = JsonlLog(f"{derived.run_dir}/logs/optimizer.jsonl") if lead else None
     if lead and not os.path.exists(f"{derived.run_dir}/config.toml"):
         # A cluster run has no launcher: keep the config beside the logs so `rapid eval --run-dir` works.
         with open(f"{derived.run_dir}/config.toml", "w") as f:
             f.write(to_toml(cfg))
-    agree = StopAgreement(ctx)
+    report = OptimizerReport(metrics, oplog, buffer, loader, skipped=lambda: learner.skipped)
+    writer = BackgroundWriter(on_done=report.writer_done)
+    settings = balance_settings(cfg)
+    balancer = Balancer(settings, time.monotonic())
+    agree = Agreement(ctx, lead)
     rng = np.random.default_rng(cfg.run.seed + 7919 * rank.rank)
-    started = time.time()
+    started, last_publish = time.time(), time.monotonic()
     last_ckpt_updates = updates
-    dropped_seen = 0
+    failed_in_row, exit_code = 0, 0
     try:
         while True:
-            batch = None
-            t_load = time.perf_counter()
-            while batch is None and not stop:
-                batch = buffer.sample(cfg.optimizer.batch_samples, version, rng, cfg.optimizer.max_reuse, timeout=0.5)
+            # 1. sample: a batch of fresh experience (waits for the loader; stops on request or limits)
+            t_wait = time.perf_counter()
+            batch = _wait_for_batch(buffer, balancer.batch, pos.version, rng, settings.target_reuse, stop, loader,
+                                    started + 60 * cfg.run.minutes if cfg.run.minutes else math.inf)
+            if loader.failure and not stop:
+                report.loader_failed(loader.failure)
+                stop.set("loader thread died")
+                exit_code = 1
             if cfg.run.updates and updates >= cfg.run.updates:
                 stop.set("updates")
             if cfg.run.minutes and time.time() - started >= 60 * cfg.run.minutes:
                 stop.set("minutes")
-            if agree.any(bool(stop)):
+            due = (publish_due(time.monotonic(), last_publish, settings.publish_interval_s) if cfg.optimizer.balance
+                   else (updates + 1) % cfg.optimizer.publish_every == 0)
+            leave, publish = agree.decide(bool(stop) or batch is None, due)
+            if leave:
                 break
             arrays, staleness = batch
-            metrics.update_phase("load", time.perf_counter() - t_load)
-            stats = learner.update(arrays)
-            for phase in ("forward", "backward", "allreduce", "step"):
-                metrics.update_phase(phase, stats[f"{phase}_s"])
+            wait_s = time.perf_counter() - t_wait
+            # 2. update: one bad batch is skipped, never the end of the job
+            t_update = time.perf_counter()
+            try:
+                stats = learner.update(arrays)
+            except Exception as e:
+                report.update_failed(e)
+                failed_in_row += 1
+                if failed_in_row >= MAX_FAILED_IN_ROW:
+                    log.error("%d updates in a row failed (last: %s: %s); stopping the optimizer",
+                              failed_in_row, type(e).__name__, e)
+                    exit_code = 1
+                    break
+                continue
+            failed_in_row = 0
+            busy_s = time.perf_counter() - t_update
             if stats["skipped"]:
-                metrics.nonfinite_skipped()
-                log.warning("non-finite loss or gradients: update skipped (%d so far)", learner.skipped)
+                report.skipped_nonfinite(learner.skipped)
                 continue
             updates += 1
-            if updates % cfg.optimizer.publish_every == 0:
+            pos.updates = updates
+            # 3. publish (rank 0, on the background writer; the loop goes on training)
+            if publish:
                 version += 1
+                pos.version = version
+                last_publish = time.monotonic()
                 if lead:
-                    t_pub = time.perf_counter()
-                    tensors, meta = policy.tensors(), {"updates": updates}
-                    _until_stored(f"publishing v{version}", lambda: params.publish(version, tensors, meta), stop, log)
-                    league.after_publish(version, policy)
-                    metrics.update_phase("publish", time.perf_counter() - t_pub)
-                metrics.param_version(version)
-            b = buffer.stats()
-            metrics.update(stats)
-            metrics.staleness(staleness)
-            metrics.samples_consumed(len(staleness))
-            metrics.samples_dropped_stale(b.dropped_stale - dropped_seen)
-            dropped_seen = b.dropped_stale
-            metrics.sample_reuse(b.reuse)
-            metrics.buffer_size(b.size)
-            episodes = summarize_episodes(loader.take_episodes())
-            for kind in ("latest", "pool", "bots"):
-                if f"win_rate_{kind}" in episodes:
-                    metrics.win_rate(kind, episodes[f"win_rate_{kind}"])
-            if "episode_return" in episodes:
-                metrics.episode(episodes["episode_return"], int(episodes["episode_length"]))
+                    _publish(writer, params, league, policy.tensors(), version, updates, stop, log)
+                report.version(version)
+            # 4. league: fold match results when due, unless the writer is busy
             if league:
-                league.fold_if_due()
+                writer.try_submit("league", league.fold_if_due)
+            # 5. checkpoint (rank 0, background)
             if lead and updates - last_ckpt_updates >= cfg.optimizer.checkpoint_every:
-                _until_stored(f"checkpoint v{version}", lambda: _checkpoint(store, cfg, learner, version, updates),
-                              stop, log)
+                ckpt = _snapshot(learner, version, updates)
+                writer.submit(f"checkpoint v{version}", lambda ckpt=ckpt: _until_stored(
+                    f"checkpoint v{ckpt.version}", lambda: save_checkpoint(store, ckpt, cfg.optimizer.keep_checkpoints),
+                    stop, log))
                 last_ckpt_updates = updates
-            if oplog:
-                oplog.write({"update": updates, "version": version, **stats,
-                             "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
-                             "sample_reuse": b.reuse, "samples_received": b.received,
-                             "samples_consumed": b.consumed, "samples_dropped_stale": b.dropped_stale,
-                             "buffer_size": b.size, "env_steps": loader.stats.env_steps,
-                             "bad_objects": loader.stats.bad_objects, "skipped_updates": learner.skipped,
-                             "elapsed_s": time.time() - started,
-                             "samples_per_s": loader.stats.samples / max(time.time() - started, 1e-6), **episodes})
+            decision = balancer.step(time.monotonic(), **_balance_inputs(buffer.stats()), busy_s=busy_s)
+            report.update(updates, version, stats, staleness, decision, wait_s)
     finally:
         loader.stop()
-        metrics.close()
-        if lead:
+        # After an unexpected error the weights may be what broke: the last good checkpoint stays the newest.
+        clean = sys.exc_info()[0] is None
+        try:
+            writer.close()  # drains: every queued version and checkpoint is stored, in order
+        finally:
+            report.close()
+            metrics.close()
+        if lead and clean and lease.held:
             _checkpoint(store, cfg, learner, version, updates)
             log.info("stopped (%s) at version %d after %d updates; final checkpoint written",
                      stop.reason or "done", version, updates)
+        elif lead:
+            log.warning("stopped (%s) at version %d after %d updates; no final checkpoint",
+                        stop.reason or "error", version, updates)
+        if lease:
+            lease.release()
         if oplog:
             oplog.close()
-    return 0
+    return exit_code
+
+
+def _wait_for_batch(buffer: ExperienceBuffer, size: int, version: int, rng, max_reuse: float, stop: StopFlag,
+                    loader: ExperienceLoader, deadline: float):
+    """A batch, or None once asked to stop, past the run's time limit, or the loader is gone."""
+    while not stop and loader.failure is None and time.time() < deadline:
+        batch = buffer.sample(size, version, rng, max_reuse, timeout=0.5)
+        if batch is not None:
+            return batch
+    return None
+
+
+def _balance_inputs(b) -> dict[str, int]:
+    return {"received": b.received, "consumed": b.consumed, "wasted": b.dropped_stale + b.evicted_unused,
+            "backlog": b.unused}
+
+
+def _publish(writer: BackgroundWriter, params: ParameterStore, league, tensors, version: int, updates: int,
+             stop: StopFlag, log) -> None:
+    """Queue version ``version`` (a copy of the weights): the object, then LATEST, then the league snapshot."""
+    def job():
+        _until_stored(f"publishing v{version}", lambda: params.publish(version, tensors, {"updates": updates}),
+                      stop, log)
+        league.after_publish(version, tensors)
+    writer.submit(f"publish v{version}", job)
+
+
+def _snapshot(learner: Learner, version: int, updates: int) -> Checkpoint:
+    """A checkpoint of the live weights and Adam state, copied: the writer encodes it while training goes on."""
+    adam = copy.deepcopy(learner.adam.state_dict())
+    return Checkpoint.from_torch(version, updates, learner.policy.tensors(), adam)
 
 
 class LeagueKeeper:
@@ -227,11 +286,11 @@ class LeagueKeeper:
             bots = [b if b.startswith("bot:") else f"bot:{b}" for b in cfg.league.bots]
             self.league.update(lambda s: ensure_bots(s, bots, time.time()))
 
-    def after_publish(self, version: int, policy) -> None:
+    def after_publish(self, version: int, tensors) -> None:
         every = self.cfg.league.snapshot_every
         if every and version % every == 0:
             try:
-                self.league.add_snapshot(ParamsObject(version, policy.tensors(), {"source": "optimizer"}))
+                self.league.add_snapshot(ParamsObject(version, tensors, {"source": "optimizer"}))
                 self.log.info("snapshot of v%d joined the pool", version)
             except LEAGUE_ERRORS as e:
                 self.log.warning("snapshot of v%d not added: %s", version, e)
@@ -253,6 +312,10 @@ def _reason(message: str) -> str:
     """A small fixed label set for the bad-object counter."""
     if "non-finite" in message:
         return "nonfinite"
+    if "future policy version" in message:
+        return "future"
+    if message.startswith("unexpected"):
+        return "error"
     if "checksum" in message or "not a" in message or "malformed" in message:
         return "decode"
     return "invalid"

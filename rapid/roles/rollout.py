@@ -42,7 +42,7 @@ def _wait_for_first_params(poller: ParamPoller, stop: StopFlag, log) -> tuple[in
 def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = None, rank: int = 0,
                 local_rank: int = 0) -> int:
     log = setup_logging(f"rollout-{worker_id}")
-    stop = stop or StopFlag()
+    stop = StopFlag() if stop is None else stop  # an unset flag is falsy
     torch.set_num_threads(cfg.rollout.torch_threads)
     torch.manual_seed(seed)
     metrics = start_metrics(RolloutMetrics, cfg, rank, local_rank)

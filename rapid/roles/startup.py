@@ -53,11 +53,16 @@ def env_spec(cfg: Config) -> EnvSpec:
     return spec
 
 
-def build_policy(cfg: Config, spec: EnvSpec):
+def build_policy(cfg: Config, spec: EnvSpec, tensors: dict | None = None):
+    """The run's policy for ``spec``; with ``tensors`` (a published version or snapshot), loaded and in eval mode."""
     from rapid.opt.model import Policy
 
-    return Policy(spec.obs_dim, spec.action_heads, hidden=cfg.model.hidden, encoder_layers=cfg.model.encoder_layers,
-                  lstm=cfg.model.lstm, obs_clip=cfg.ppo.obs_clip)
+    policy = Policy(spec.obs_dim, spec.action_heads, hidden=cfg.model.hidden,
+                    encoder_layers=cfg.model.encoder_layers, lstm=cfg.model.lstm, obs_clip=cfg.ppo.obs_clip)
+    if tensors is not None:
+        policy.load_tensors(tensors)
+        policy.eval()
+    return policy
 
 
 def rollout_seed(run_seed: int, worker: str, rank: int) -> int:
@@ -67,7 +72,15 @@ def rollout_seed(run_seed: int, worker: str, rank: int) -> int:
 
 
 class StopFlag:
-    """Set by SIGINT or SIGTERM (or by code); roles check it between units of work."""
+    """Set by SIGINT or SIGTERM (or by code); roles check it between units of work. The first reason stays.
+
+    >>> stop = StopFlag(install_signals=False)
+    >>> bool(stop), stop.wait(0.01)          # falsy while unset: pass it on with ``is None`` checks, not ``or``
+    (False, False)
+    >>> stop.set("updates"); stop.set("SIGINT")
+    >>> bool(stop), stop.reason
+    (True, 'updates')
+    """
 
     def __init__(self, install_signals: bool = True):
         self.event = threading.Event()
@@ -104,9 +117,17 @@ def start_metrics(cls, cfg: Config, rank: int = 0, local_rank: int = 0):
 
 
 def setup_logging(role: str) -> logging.Logger:
+    """The role's logger; the first role of a process sends the process's log records to stderr."""
     logging.basicConfig(level=os.environ.get("RAPID_LOG_LEVEL", "INFO"),
                         format=f"%(asctime)s {role} %(levelname)s %(message)s", stream=sys.stderr)
     return logging.getLogger(f"rapid.{role}")
+
+
+def log_to_file(path: str | os.PathLike) -> None:
+    """Every role of this process logs to ``path``, each record named by its logger (``rapid.<role>``): for
+    roles that share one process, where ``setup_logging`` then adds nothing."""
+    logging.basicConfig(level=os.environ.get("RAPID_LOG_LEVEL", "INFO"), filename=os.fspath(path), force=True,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
 class JsonlLog:

@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from rapid.infra.distributed import abort_on_error, detect_identity, init_process_group
-from rapid.opt.learner import Learner, LearnerSettings
+from rapid.opt.config import PPOConfig
+from rapid.opt.learner import Learner
 
 S, T = 16, 8  # 128 observations a rank
 
@@ -26,7 +27,7 @@ def main() -> None:
     torch.set_num_threads(1)
     identity = detect_identity()
     with abort_on_error(identity), init_process_group(identity, timeout=60) as dist:
-        settings = LearnerSettings(lr=1e-2)
+        settings = PPOConfig(lr=1e-2)
         learner = Learner(make_policy(), settings, all_reduce=dist.all_reduce_gradients,
                           all_reduce_scalars=dist.all_reduce_scalars, world_size=dist.size)
         batches = [batch_of(r) for r in range(dist.size)]

@@ -53,10 +53,10 @@ def main(config_path: str) -> None:
     identity = detect_identity()
     with abort_on_error(identity):
         cfg = load_config(config_path)
-        rank = rapid.roles.optimizer.RankInfo(identity.rank, identity.size, identity.local_rank)
         with init_process_group(identity, timeout=120) as ctx:
             assert ctx.backend == "gloo", ctx.backend
-            code = rapid.roles.optimizer.run_optimizer(cfg, rank=rank, ctx=ctx, stop=StopFlag(install_signals=False))
+            stop = StopFlag(install_signals=False)
+            code = rapid.roles.optimizer.run_optimizer(cfg, rank=identity, ctx=ctx, stop=stop)
         (learner,) = learners
         mine = {"rank": identity.rank, "exit": code, "updates": learner.updates, "skipped": learner.skipped,
                 "params": digest(learner.policy.tensors()), "adam": adam_digest(learner.adam)}

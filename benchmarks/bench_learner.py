@@ -1,0 +1,126 @@
+"""The learner's update against a fused reference at the same shapes.
+
+    python benchmarks/bench_learner.py --device cuda                    # both models, 8,192 samples × 16 steps
+    python benchmarks/bench_learner.py --device cpu --samples 512 --repeat 3
+
+For each model (the shipped moba-5v5 model from configs/moba-5v5.toml, and the same with a 1,024-unit
+encoder and LSTM) it times ``Learner.update`` (PPO losses, BPTT from each sample's stored state with the
+game starts inside samples, Adam; the batch handed over as numpy arrays, as the optimizer does) and the
+reference: encoder + one cuDNN/ATen ``nn.LSTM`` call over the whole [S, T] batch + heads, forward, backward
+and Adam. Prints samples/s of both and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from rapid.config import load_config
+from rapid.opt.learner import Learner
+from rapid.roles.startup import build_policy, env_spec
+
+MODELS = {"moba-5v5": [], "lstm-1024": ["model.hidden=1024", "model.lstm=1024"]}
+
+
+class Reference(nn.Module):
+    """The same layers as the policy, run the fastest way PyTorch offers: one fused LSTM call."""
+
+    def __init__(self, obs_dim: int, mask_dim: int, hidden: int, layers: int, lstm: int):
+        super().__init__()
+        sizes = [obs_dim] + [hidden] * layers
+        self.encoder = nn.Sequential(*[m for a, b in zip(sizes, sizes[1:]) for m in (nn.Linear(a, b), nn.ReLU())])
+        self.lstm = nn.LSTM(sizes[-1], lstm, batch_first=True)
+        self.logits = nn.Linear(lstm, mask_dim)
+        self.value = nn.Linear(lstm, 1)
+
+    def loss(self, obs: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
+        y, _ = self.lstm(self.encoder(obs), (h0[None], c0[None]))
+        return self.logits(y).logsumexp(-1).mean() + self.value(y).square().mean()
+
+
+def make_batch(spec, cfg, samples: int, game_steps: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Random experience of the right shapes; a game starts at any step with probability 1 / game_steps."""
+    S, T, L = samples, cfg.rollout.bptt, cfg.model.lstm
+    mask = np.ones((S, T, spec.mask_dim), bool)
+    first = rng.random((S, T)) < 1.0 / game_steps
+    return {"obs": rng.normal(size=(S, T, spec.obs_dim)).astype(np.float32), "mask": mask,
+            "actions": np.stack([rng.integers(0, n, (S, T)) for n in spec.action_heads], -1),
+            "logp": np.full((S, T), -2.0, np.float32), "values": rng.normal(size=(S, T)).astype(np.float32),
+            "advantages": rng.normal(size=(S, T)).astype(np.float32),
+            "returns": rng.normal(size=(S, T)).astype(np.float32), "active": np.ones((S, T), bool),
+            "first": first, "h0": rng.normal(size=(S, L)).astype(np.float32) * 0.1,
+            "c0": rng.normal(size=(S, L)).astype(np.float32) * 0.1}
+
+
+def timed(step, device: torch.device, repeat: int) -> tuple[float, float]:
+    """Seconds per call: wall clock, and this process's CPU time (steadier on a shared machine)."""
+    step()  # warm-up: allocator, cuDNN plans
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(repeat):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / repeat, (time.process_time() - c0) / repeat
+
+
+def bench(name: str, device: torch.device, samples: int, repeat: int, game_steps: int, bf16: bool
+          ) -> dict[str, tuple[float, float]]:
+    """(wall, CPU) seconds per update of: the learner handed numpy arrays, the learner handed a batch staged
+    on the device ahead (as a loop that prefetches would), and the reference (its data already there)."""
+    cfg = load_config("configs/moba-5v5.toml", overrides=MODELS[name])
+    spec = env_spec(cfg)
+    batch = make_batch(spec, cfg, samples, game_steps, np.random.default_rng(0))
+    learner = Learner(build_policy(cfg, spec), cfg.ppo, device, bf16=bf16)
+    t_learner = timed(lambda: learner.update(batch), device, repeat)
+    staged = learner.stage(batch)
+    t_staged = timed(lambda: learner.update(staged), device, repeat)
+
+    m = cfg.model
+    ref = Reference(spec.obs_dim, spec.mask_dim, m.hidden, m.encoder_layers, m.lstm).to(device)
+    adam = torch.optim.Adam(ref.parameters(), lr=cfg.ppo.lr)
+    obs, h0, c0 = (torch.from_numpy(batch[k]).to(device) for k in ("obs", "h0", "c0"))
+
+    def ref_step():
+        adam.zero_grad(set_to_none=True)
+        ref.loss(obs, h0, c0).backward()
+        adam.step()
+
+    return {"numpy batch": t_learner, "staged batch": t_staged, "reference": timed(ref_step, device, repeat)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--samples", type=int, default=8192, help="samples of bptt steps per update")
+    parser.add_argument("--repeat", type=int, default=10, help="timed updates per measurement")
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
+    parser.add_argument("--game-steps", type=int, default=1200, help="mean game length: sets how many samples "
+                        "hold a game start inside (moba 5v5: 1,200 steps)")
+    parser.add_argument("--bf16", action="store_true", help="the learner under bfloat16 autocast (CUDA only)")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.exit(2, "bench_learner.py: --device cuda but CUDA is not available\n")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    print(f"device={device} samples={args.samples} bptt=16 repeat={args.repeat} bf16={args.bf16} "
+          f"threads={torch.get_num_threads()}")
+    print(f"{'model':<10} {'':<14} {'samples/s':>10} {'ratio':>6}   {'per CPU-second':>14} {'ratio':>6}")
+    n = args.samples
+    for name in args.models:
+        times = bench(name, device, n, args.repeat, args.game_steps, args.bf16)
+        ref_wall, ref_cpu = times["reference"]
+        for kind, (wall, cpu) in times.items():
+            print(f"{name:<10} {kind:<14} {n / wall:>10,.0f} {ref_wall / wall:>6.2f}   {n / cpu:>14,.0f} "
+                  f"{ref_cpu / cpu:>6.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

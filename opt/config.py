@@ -1,0 +1,87 @@
+"""The ``ppo`` config section: the learning settings with their defaults, docs and checks, in one place.
+
+rapid.config loads it as the section ``[ppo]``; the learner and the rollout worker take it as it is::
+
+    ppo = PPOConfig(lr=1e-3)
+    errors = ppo.errors()          # ["ppo.lr must be > 0 (got -1)", ...]; empty when usable
+    learner = Learner(policy, ppo, device, microbatch_samples=0)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+def check_positive(errors: list[str], where: str, value, allow_zero: bool = False) -> None:
+    """Append '<where> must be > 0 (got …)' (or ≥ 0) to ``errors`` unless ``value`` is."""
+    if not (value > 0 or (allow_zero and value == 0)) or (isinstance(value, float) and math.isnan(value)):
+        errors.append(f"{where} must be {'≥ 0' if allow_zero else '> 0'} (got {value})")
+
+
+def check_unit(errors: list[str], where: str, value) -> None:
+    """Append '<where> must be within [0, 1] (got …)' to ``errors`` unless ``value`` is."""
+    if not 0.0 <= value <= 1.0:
+        errors.append(f"{where} must be within [0, 1] (got {value})")
+
+
+@dataclass
+class PPOConfig:
+    lr: float = 3e-4
+    """Adam learning rate."""
+    clip: float = 0.2
+    """PPO ratio clip."""
+    gae_lambda: float = 0.95
+    """GAE's λ: 0 bootstraps from the next value, 1 is the Monte Carlo return."""
+    horizon_s: float = 100.0
+    """Reward horizon in game seconds; gamma = 1 - seconds_per_step / horizon_s."""
+    value_coef: float = 0.5
+    """Weight of the value loss."""
+    value_clip: float = 0.0
+    """PPO2's value clipping, in normalized return units (0: off)."""
+    entropy_coef: float = 0.01
+    """Entropy bonus at the start of training."""
+    entropy_final: float = -1.0
+    """Entropy bonus at entropy_anneal_updates, linearly (negative: same as entropy_coef)."""
+    entropy_anneal_updates: int = 0
+    """Updates over which the entropy bonus moves to entropy_final (0: constant)."""
+    max_grad_norm: float = 5.0
+    """Gradients are clipped to this global norm."""
+    adam_beta1: float = 0.9
+    """Adam's β₁."""
+    adam_beta2: float = 0.999
+    """Adam's β₂."""
+    adam_eps: float = 1e-5
+    """Adam's ε."""
+    team_spirit: float = 0.3
+    """0: each agent's own reward; 1: its team's mean reward."""
+    zero_sum: bool = True
+    """Subtract the enemy team's mean reward, so one side's gain is the other's loss."""
+    obs_clip: float = 5.0
+    """Normalized observations are clipped to ±obs_clip."""
+    normalize_returns: bool = True
+    """Value targets divided by the running std of returns."""
+    preserve_value_outputs: bool = True
+    """When the return scale moves, rescale the value head so its outputs in return units stay put (PopArt's
+    'preserving outputs')."""
+
+    def errors(self) -> list[str]:
+        """Every value error of this section; an empty list means it is usable."""
+        e: list[str] = []
+        check_positive(e, "ppo.lr", self.lr)
+        check_positive(e, "ppo.clip", self.clip)
+        check_unit(e, "ppo.gae_lambda", self.gae_lambda)
+        check_positive(e, "ppo.horizon_s", self.horizon_s)
+        check_positive(e, "ppo.value_coef", self.value_coef, allow_zero=True)
+        check_positive(e, "ppo.value_clip", self.value_clip, allow_zero=True)
+        check_positive(e, "ppo.entropy_coef", self.entropy_coef, allow_zero=True)
+        check_positive(e, "ppo.entropy_anneal_updates", self.entropy_anneal_updates, allow_zero=True)
+        check_positive(e, "ppo.max_grad_norm", self.max_grad_norm)
+        for key in ("adam_beta1", "adam_beta2"):
+            value = getattr(self, key)
+            if not 0.0 <= value < 1.0:
+                e.append(f"ppo.{key} must be within [0, 1) (got {value})")
+        check_positive(e, "ppo.adam_eps", self.adam_eps)
+        check_unit(e, "ppo.team_spirit", self.team_spirit)
+        check_positive(e, "ppo.obs_clip", self.obs_clip)
+        return e

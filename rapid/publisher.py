@@ -1,0 +1,88 @@
+"""Parameter publishing and checkpoint writing on a background thread, so the update loop never waits on
+the store.
+
+Jobs run one at a time in the order given, so versions are published in order (each job writes its
+version object before moving LATEST). At most one job waits behind the running one: a store slower than
+the updates makes ``submit`` block rather than pile up copies of the weights. ``try_submit`` is for
+optional work (folding league results) that is skipped while anything is queued. A job's exception is
+kept and raised in the caller's thread by the next ``submit``/``check``/``close``.
+
+Usage::
+
+    writer = BackgroundWriter()
+    writer.submit("publish v3", lambda: params.publish(3, tensors, meta))   # tensors: a copy, not live
+    writer.try_submit("fold", league.fold_if_due)
+    writer.check()       # raises the first job error, if any
+    writer.close()       # drains: every submitted job has run
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+
+class BackgroundWriter:
+    def __init__(self, on_done: Callable[[str, float], None] | None = None):
+        self.on_done = on_done
+        self._jobs: queue.Queue = queue.Queue(maxsize=1)
+        self._error: BaseException | None = None
+        self._failed = False
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            name, job = item
+            t0 = time.perf_counter()
+            try:
+                if not self._failed:  # after a failure nothing more is written: the caller ends the role
+                    job()
+                    if self.on_done:
+                        self.on_done(name, time.perf_counter() - t0)
+            except BaseException as e:  # kept for the caller's thread, which decides
+                self._error, self._failed = e, True
+            finally:
+                with self._lock:
+                    self._pending -= 1
+                self._jobs.task_done()
+
+    def submit(self, name: str, job: Callable[[], object]) -> None:
+        """Queue ``job``; blocks while another job already waits."""
+        self.check()
+        with self._lock:
+            self._pending += 1
+        self._jobs.put((name, job))
+
+    def try_submit(self, name: str, job: Callable[[], object]) -> bool:
+        """Queue ``job`` only if nothing is running or waiting; True if queued."""
+        self.check()
+        with self._lock:
+            if self._pending:
+                return False
+            self._pending += 1
+        self._jobs.put((name, job))
+        return True
+
+    def check(self) -> None:
+        """Raise a failed job's error (once; later jobs are skipped all the same)."""
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def drain(self) -> None:
+        self._jobs.join()
+
+    def close(self) -> None:
+        """Run every queued job, stop the thread, then raise a job's error if one failed."""
+        self._jobs.join()
+        self._jobs.put(None)
+        self._thread.join()
+        self.check()

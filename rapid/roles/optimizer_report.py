@@ -1,0 +1,147 @@
+"""Everything the optimizer reports per update — Prometheus metrics and one JSON-lines record — in one
+place, done on a thread of its own so the update loop only hands over what it measured.
+
+Usage::
+
+    report = OptimizerReport(metrics, oplog, buffer, loader, skipped=lambda: learner.skipped)
+    report.update(updates, version, stats, staleness, decision, wait_s)   # one call per applied update
+    report.writer_done("publish v3", seconds) # from the background writer
+    report.update_failed(error)               # an update that raised on its batch
+    report.close()                            # drains: the last record is written
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import asdict
+
+import numpy as np
+
+log = logging.getLogger("rapid.optimizer")
+
+STALENESS_BINS = 64
+
+
+def summarize_episodes(episodes: list[dict]) -> dict[str, float]:
+    """Win rates of the learner by opponent kind, and mean game length/return."""
+    out: dict[str, float] = {}
+    if not episodes:
+        return out
+    out["episodes"] = float(len(episodes))
+    out["episode_length"] = float(np.mean([e["length"] for e in episodes]))
+    out["episode_return"] = float(np.mean([e["learner_return"] for e in episodes]))
+    for kind, match in (("latest", lambda o: o == "latest"), ("bots", lambda o: o.startswith("bot:")),
+                        ("pool", lambda o: o != "latest" and not o.startswith("bot:"))):
+        games = [e for e in episodes if match(e["opponent"])]
+        if games:
+            score = [1.0 if e["winner"] == "learner" else 0.5 if e["winner"] == "draw" else 0.0 for e in games]
+            out[f"win_rate_{kind}"] = float(np.mean(score))
+    return out
+
+
+def quantile_of_counts(counts: np.ndarray, q: float) -> float:
+    """The q-quantile of integer values given as counts per value (the last bin holds everything above)."""
+    total = counts.sum()
+    if total == 0:
+        return 0.0
+    return float(np.searchsorted(np.cumsum(counts), q * total, side="left"))
+
+
+class OptimizerReport:
+    def __init__(self, metrics, oplog, buffer, loader, skipped=lambda: 0):
+        self.metrics, self.oplog, self.buffer, self.loader = metrics, oplog, buffer, loader
+        self.skipped = skipped
+        self.started = time.time()
+        self.failures = 0
+        self._staleness = np.zeros(STALENESS_BINS, np.int64)
+        self._seen = {"dropped_stale": 0, "evicted_unused": 0, "used": 0, "loader_errors": 0}
+        self._queue: queue.Queue = queue.Queue(maxsize=256)
+        self._thread = threading.Thread(target=self._run, name="report", daemon=True)
+        self._thread.start()
+
+    def update(self, updates: int, version: int, stats: dict, staleness: np.ndarray, decision, wait_s: float):
+        self._queue.put((time.time(), updates, version, stats, staleness, decision, wait_s))
+
+    def writer_done(self, job: str, seconds: float) -> None:
+        """A background job finished: publish and checkpoint times are update phases."""
+        phase = job.split()[0]
+        if phase in ("publish", "checkpoint"):
+            self.metrics.update_phase(phase, seconds)
+
+    def version(self, version: int) -> None:
+        self.metrics.param_version(version)
+
+    def skipped_nonfinite(self, total: int) -> None:
+        self.metrics.nonfinite_skipped()
+        log.warning("non-finite loss or gradients: update skipped (%d so far)", total)
+
+    def update_failed(self, error: BaseException) -> None:
+        self.failures += 1
+        self.metrics.update_failed()
+        log.error("update failed on its batch and was skipped (%d so far): %s: %s",
+                  self.failures, type(error).__name__, error)
+
+    def loader_failed(self, failure: str) -> None:
+        """The one line a dead loader thread gets; its gauge drops to 0 for the dashboards and alerts."""
+        self.metrics.loader(False)
+        log.error("%s; stopping the optimizer", failure)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            try:
+                self._emit(*item)
+            except Exception as e:  # reporting must never stop training
+                log.warning("optimizer report failed: %s: %s", type(e).__name__, e)
+
+    def _delta(self, key: str, value: int) -> int:
+        new, self._seen[key] = value - self._seen[key], value
+        return new
+
+    def _emit(self, now, updates, version, stats, staleness, decision, wait_s) -> None:
+        m, b, ls = self.metrics, self.buffer.stats(), self.loader.stats
+        m.update_phase("load", wait_s)
+        for phase in ("forward", "backward", "allreduce", "step"):
+            m.update_phase(phase, stats[f"{phase}_s"])
+        m.update(stats)
+        m.staleness(staleness)
+        m.samples_consumed(len(staleness))
+        m.samples_used(self._delta("used", b.used))
+        m.samples_dropped_stale(self._delta("dropped_stale", b.dropped_stale))
+        m.samples_evicted_unused(self._delta("evicted_unused", b.evicted_unused))
+        m.sample_reuse(b.reuse)
+        m.buffer_size(b.size)
+        m.loader(self.loader.failure is None, self._delta("loader_errors", ls.errors))
+        self._staleness += np.bincount(np.clip(staleness, 0, STALENESS_BINS - 1).astype(np.int64),
+                                       minlength=STALENESS_BINS)
+        balance = asdict(decision)
+        if balance.pop("message"):
+            log.warning("%s", decision.message)
+        m.balance(balance)
+        episodes = summarize_episodes(self.loader.take_episodes())
+        for kind in ("latest", "pool", "bots"):
+            if f"win_rate_{kind}" in episodes:
+                m.win_rate(kind, episodes[f"win_rate_{kind}"])
+        if "episode_return" in episodes:
+            m.episode(episodes["episode_return"], int(episodes["episode_length"]))
+        if self.oplog is None:
+            return
+        elapsed = now - self.started
+        self.oplog.write({
+            "update": updates, "version": version, **stats, "wait_s": wait_s,
+            "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
+            "staleness_p50": quantile_of_counts(self._staleness, 0.5),
+            "staleness_p99": quantile_of_counts(self._staleness, 0.99),
+            "sample_reuse": b.reuse, "samples_received": b.received, "samples_consumed": b.consumed,
+            "samples_used": b.used, "samples_dropped_stale": b.dropped_stale,
+            "samples_evicted_unused": b.evicted_unused, "buffer_size": b.size, "buffer_unused": b.unused,
+            "env_steps": ls.env_steps, "bad_objects": ls.bad_objects, "loader_errors": ls.errors,
+            "skipped_updates": self.skipped(), "failed_updates": self.failures, "elapsed_s": elapsed,
+            "samples_per_s": ls.samples / max(elapsed, 1e-6),
+            **{f"balance_{k}": v for k, v in balance.items()}, **episodes})

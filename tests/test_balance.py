@@ -1,0 +1,83 @@
+"""The balancer's decisions as pure functions, and the Balancer over simulated arrivals."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from rapid.balance import Balancer, BalanceSettings, next_batch, overload_line, publish_due, rate
+
+
+def test_batch_grows_with_backlog_and_shrinks_when_idle_within_bounds():
+    assert next_batch(256, backlog=600, idle_share=0.0, lo=256, hi=1024) == 320
+    assert next_batch(1000, backlog=5000, idle_share=0.0, lo=256, hi=1024) == 1024        # capped
+    assert next_batch(256, backlog=300, idle_share=0.0, lo=256, hi=1024) == 256           # within two batches
+    assert next_batch(512, backlog=100, idle_share=0.9, lo=256, hi=1024) == 409
+    assert next_batch(300, backlog=0, idle_share=0.9, lo=256, hi=1024) == 256             # never below lo
+    assert next_batch(512, backlog=100, idle_share=0.2, lo=256, hi=1024) == 512           # busy: keep
+    assert next_batch(256, backlog=600, idle_share=0.0, lo=256, hi=2048, multiple=256) == 512
+    assert next_batch(512, backlog=0, idle_share=1.0, lo=256, hi=2048, multiple=256) == 256
+
+
+def test_publish_by_time_and_rates():
+    assert publish_due(10.0, 8.0, 2.0) and not publish_due(9.9, 8.0, 2.0)
+    assert rate(deque([(0.0, 0.0), (2.0, 100.0)])) == 50.0
+    assert rate(deque([(1.0, 5.0)])) == 0.0
+
+
+def test_overload_line_only_when_samples_go_unused_at_the_largest_batch():
+    assert overload_line(1000, 400, 1.0, 0.5, at_max=False) is None
+    assert overload_line(1000, 400, 1.0, 0.01, at_max=True) is None
+    line = overload_line(1000, 400, 1.0, 0.5, at_max=True)
+    assert "1,000 samples/s" in line and "400/s" in line and "2.5×" in line and "fewer rollout workers" in line
+    assert "\n" not in line
+
+
+def simulate(arrival_per_s: float, cost_per_sample_s: float, overhead_s: float, seconds: float, hi: int):
+    """Samples arrive at a fixed rate; an update of b samples takes overhead + b × cost; reuse target 1."""
+    bal = Balancer(BalanceSettings(batch=64, max_batch=hi, target_reuse=1.0, publish_interval_s=2.0))
+    now = received = consumed = wasted = 0.0
+    backlog, capacity = 0.0, 4096
+    messages = []
+    while now < seconds:
+        b = bal.batch
+        if backlog < b:  # wait for data
+            now += 0.1
+            received += arrival_per_s * 0.1
+            backlog += arrival_per_s * 0.1
+            busy = 0.0
+        else:
+            busy = overhead_s + b * cost_per_sample_s
+            now += busy
+            received += arrival_per_s * busy
+            backlog += arrival_per_s * busy - b
+            consumed += b
+        if backlog > capacity:
+            wasted += backlog - capacity
+            backlog = capacity
+        d = bal.step(now, int(received), int(consumed), int(wasted), int(backlog), busy)
+        if d.message:
+            messages.append(d.message)
+    return bal, d, received, consumed, wasted, messages
+
+
+def test_balancer_keeps_up_by_growing_the_batch():
+    # 2,000 samples/s; an update costs 50 ms + 0.2 ms a sample: batch 64 absorbs ~1,000/s, 512 absorbs ~3,400/s
+    bal, d, received, consumed, wasted, messages = simulate(2000, 2e-4, 0.05, 120, hi=1024)
+    assert 128 < bal.batch <= 1024
+    assert consumed / received > 0.95 and wasted / received < 0.05 and not messages
+    assert abs(d.arrival_per_s - 2000) < 100 and d.capacity_per_s > 2000
+
+
+def test_balancer_says_when_rollouts_outrun_it():
+    bal, d, received, consumed, wasted, messages = simulate(10_000, 2e-4, 0.05, 200, hi=256)
+    assert bal.batch == 256 and d.overloaded
+    assert 1 <= len(messages) <= 4                               # rate-limited: once a minute
+    assert "receives 10,000 samples/s" in messages[0]
+
+
+def test_balancer_shrinks_back_when_arrivals_slow():
+    bal = Balancer(BalanceSettings(batch=64, max_batch=1024, target_reuse=1.0, publish_interval_s=1.0))
+    bal.batch = 512
+    for t in range(1, 30):
+        bal.step(float(t), received=10 * t, consumed=10 * t, wasted=0, backlog=0, busy_s=0.01)
+    assert bal.batch == 64

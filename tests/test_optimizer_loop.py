@@ -1,0 +1,66 @@
+"""The optimizer loop in-process: a batch whose update raises is skipped, a dead loader ends the role with
+one line, publishing in the background keeps versions in order with LATEST last."""
+
+from __future__ import annotations
+
+import logging
+
+import rapid.roles.optimizer as optimizer
+from rapid.config import load_config
+from rapid.formats.experience import encode_experience
+from rapid.infra.store import LocalStore
+from rapid.loader import ExperienceLoader
+from rapid.monitoring.logs import read_jsonl
+from rapid.param_store import ParameterStore
+from rapid.roles.startup import StopFlag
+from rapid.store_map import experience_key
+from tests.test_scale_mpi import connect_four_shape, make_experience
+
+
+def small_config(tmp_path, *extra):
+    return load_config(None, [f"run.dir='{tmp_path}'", "metrics.enabled=false", "model.hidden=16", "model.lstm=16",
+                              "model.encoder_layers=1", "rollout.bptt=4", "optimizer.batch_samples=8",
+                              "optimizer.buffer_samples=256", "optimizer.decode_workers=0", "optimizer.poll_s=0.05",
+                              "league.snapshot_every=0", "optimizer.checkpoint_every=2", *extra])
+
+
+def plant(cfg, objects: int = 4, samples: int = 16) -> None:
+    store = LocalStore(cfg.derive().store_url)
+    shape = connect_four_shape(cfg)
+    for seq in range(objects):
+        store.put(experience_key("w0", "a", seq), encode_experience(make_experience(shape, "w0", seq, samples)))
+
+
+def test_an_update_that_raises_is_skipped_and_counted(tmp_path, monkeypatch, caplog):
+    cfg = small_config(tmp_path, "run.updates=3", "rollout.upload_interval_s=0.001")
+    plant(cfg)
+    real = optimizer.Learner.update
+    calls = []
+
+    def flaky(self, batch):
+        calls.append(1)
+        if len(calls) == 1:
+            raise IndexError("Target 99 is out of bounds.")
+        return real(self, batch)
+    monkeypatch.setattr(optimizer.Learner, "update", flaky)
+    with caplog.at_level(logging.ERROR):
+        assert optimizer.run_optimizer(cfg, stop=StopFlag(install_signals=False)) == 0
+    records = read_jsonl(tmp_path / "logs" / "optimizer.jsonl")
+    assert records[-1]["update"] == 3 and records[-1]["failed_updates"] == 1
+    assert sum("update failed on its batch" in r.message for r in caplog.records) == 1
+    # published in the background, in order, LATEST on the last one
+    params = ParameterStore(LocalStore(cfg.derive().store_url))
+    last = records[-1]["version"]
+    assert params.versions() == list(range(last + 1)) and params.latest_version() == last >= 2
+
+
+def test_a_dead_loader_thread_ends_the_role_with_one_line(tmp_path, monkeypatch, caplog):
+    cfg = small_config(tmp_path, "run.minutes=2")
+
+    def die(self):
+        raise SystemExit("loader gone")
+    monkeypatch.setattr(ExperienceLoader, "poll_once", die)
+    with caplog.at_level(logging.ERROR):
+        assert optimizer.run_optimizer(cfg, stop=StopFlag(install_signals=False)) == 1
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert lines == ["the experience loader thread ended unexpectedly; stopping the optimizer"]
