@@ -28,7 +28,8 @@ from rapid.opt import losses
 from rapid.opt.config import PPOConfig
 from rapid.opt.model import Policy, ResetFreeRuns
 
-STAGED = ("obs", "mask", "actions", "logp", "values", "advantages", "returns", "active", "first", "h0", "c0")
+STAGED = ("obs", "mask", "actions", "logp", "values", "advantages", "returns", "active", "own", "first", "h0",
+          "c0")
 DIAGNOSTICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
 
 
@@ -93,16 +94,19 @@ class Learner:
         b = self.stage(batch)
         policy, norm = self.policy, self.policy.obs_norm
         active = b["active"].float()
+        # The value head learns every step of the learner's rows, its turns and its waits in turn-based games
+        # alike: GAE bootstraps through the values of waiting steps too.
+        own = b["own"].float()
         ones = torch.ones(b["obs"].shape[:-1], device=self.device)
         # One collective pools every statistic of the batch: the active-step count that normalizes the losses
         # (so microbatches and ranks add up to the batch mean), the advantage moments, the returns' mean
         # square and the observation sums the normalizer takes after the losses.
         local = torch.cat([losses.weighted_sums(b["advantages"], active),
-                           losses.weighted_sums(b["returns"], active),
+                           losses.weighted_sums(b["returns"], own),
                            losses.shifted_sums(b["obs"], ones, norm.mean).reshape(-1)])
         pooled = self._pool(local)
         adv_sums, ret_sums, obs_sums = pooled[:3], pooled[3:6], pooled[6:].reshape(3, -1)
-        total = adv_sums[0].float()
+        total, own_total = adv_sums[0].float(), ret_sums[0].float()
         adv = losses.normalize_advantages(b["advantages"], active, adv_sums)
         scale = policy.return_scale.float()
         ent_coef = self.entropy_coef()
@@ -124,8 +128,8 @@ class Learner:
                                                        b["h0"][part], b["c0"][part], b["first"][part], part_runs)
             w = active[part]
             pg, kl = losses.ppo_policy_loss(logp, b["logp"][part], adv[part], s.clip, w, total)
-            vl = losses.value_loss(value, b["returns"][part] / scale, w, total, old=b["values"][part] / scale,
-                                   clip=s.value_clip)
+            vl = losses.value_loss(value, b["returns"][part] / scale, own[part], own_total,
+                                   old=b["values"][part] / scale, clip=s.value_clip)
             ent = losses.masked_mean(entropy, w, total)
             tb = time.perf_counter()
             (pg + s.value_coef * vl - ent_coef * ent).backward()
@@ -156,7 +160,7 @@ class Learner:
         else:
             self.skipped += 1
         self.adam.zero_grad(set_to_none=True)
-        ev = losses.explained_variance(torch.cat(values) * scale, b["returns"], active)
+        ev = losses.explained_variance(torch.cat(values) * scale, b["returns"], own)
         figures = torch.cat([diag, grad_norm.reshape(1).float(), ev.reshape(1).float()]).tolist()
         stats = dict(zip((*DIAGNOSTICS, "grad_norm", "explained_variance"), figures))
         return {**stats, "entropy_coef": ent_coef, "lr": s.lr, "skipped": float(not finite),

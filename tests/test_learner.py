@@ -43,6 +43,20 @@ def test_value_loss_trains_only_the_learners_steps():
     assert s1["explained_variance"] == pytest.approx(s2["explained_variance"], rel=1e-6)
 
 
+def test_waiting_steps_train_the_value_but_not_the_policy():
+    """In turn-based games the learner's row waits on the opponent's turns: those values feed GAE's
+    bootstrap, so the value head learns them; the policy loss stays on the learner's own moves."""
+    batch = played_batch(make_policy(), seed=4)
+    batch["own"] = np.ones_like(batch["active"])
+    waiting = batch["own"] & ~batch["active"]
+    assert waiting.any()
+    other = {**batch, "returns": np.where(waiting, batch["returns"] + 5.0, batch["returns"]).astype(np.float32)}
+    _, s1 = gradients(batch)
+    _, s2 = gradients(other)
+    assert s2["value_loss"] > s1["value_loss"] * 1.5
+    assert s1["policy_loss"] == pytest.approx(s2["policy_loss"], rel=1e-6)
+
+
 def test_microbatches_do_not_change_the_gradient():
     batch = played_batch(make_policy(), S=12, seed=2)
     batch["active"][:4] = False                # chunks with very different numbers of learner steps
