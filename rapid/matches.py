@@ -67,7 +67,9 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
 
 
 @dataclass
-class MatchResult:
+class MatchScore:
+    """A match of many games from player A's side (one game's record in the league is a MatchResult)."""
+
     wins: int
     losses: int
     draws: int
@@ -95,7 +97,7 @@ def batch_size(games: int, max_batch: int = 256) -> int:
     return max(1, min(games, max_batch))
 
 
-def play_match(env: VecMultiAgentEnv, player_a: Player, player_b: Player, games: int, seed: int = 0) -> MatchResult:
+def play_match(env: VecMultiAgentEnv, player_a: Player, player_b: Player, games: int, seed: int = 0) -> MatchScore:
     """``games`` games of A against B on ``env`` (best built with ``batch_size(games)`` games)."""
     B = env.num_games
     quota = np.full(B, games // B)
@@ -125,7 +127,7 @@ def play_match(env: VecMultiAgentEnv, player_a: Player, player_b: Player, games:
                 lengths.append(ep.length)
             played[b] += 1
             side_a[b] = 1 - side_a[b]
-    return MatchResult(wins, losses, draws, float(np.mean(lengths)) if lengths else 0.0)
+    return MatchScore(wins, losses, draws, float(np.mean(lengths)) if lengths else 0.0)
 
 
 def load_policy(cfg: Config, spec: EnvSpec, params: ParameterStore, version: int) -> Policy:

@@ -21,9 +21,9 @@ from rapid.config import Config
 from rapid.envs.base import VecMultiAgentEnv
 from rapid.errors import FormatError
 from rapid.infra.store import KeyNotFound, StoreError
-from rapid.league import League, MatchResult, OpponentSampler, ResultWriter
+from rapid.league import LATEST, League, MatchResult, OpponentSampler, ResultWriter
 from rapid.opt.model import Policy
-from rapid.rollout_worker import LATEST, Opponent
+from rapid.rollout_worker import Opponent
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,9 @@ import torch
 
 from rapid.config import Config
 from rapid.envs.base import EnvSpec, ScriptedBot, StepResult, VecMultiAgentEnv
+from rapid.league.sampling import LATEST
 from rapid.opt import losses
 from rapid.opt.model import Policy
-
-LATEST = "latest"
 
 
 @dataclass(frozen=True)

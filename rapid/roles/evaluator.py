@@ -13,7 +13,7 @@ from rapid.envs.registry import make_env
 from rapid.errors import FormatError
 from rapid.infra.store import StoreError
 from rapid.league import League, PoolConflict, rate_games, rating_of, version_id
-from rapid.matches import MatchResult, PolicyPlayer, batch_size, load_policy, play_match
+from rapid.matches import MatchScore, PolicyPlayer, batch_size, load_policy, play_match
 from rapid.monitoring.metrics import EvaluatorMetrics
 from rapid.param_store import ParameterStore
 from rapid.roles.startup import JsonlLog, StopFlag, build_policy, open_run_store, setup_logging, start_metrics
@@ -69,7 +69,7 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
     return 0
 
 
-def _rate(league: League, version: int, opponent: str, result: MatchResult, log) -> dict:
+def _rate(league: League, version: int, opponent: str, result: MatchScore, log) -> dict:
     """TrueSkill update for the version and its opponent; {} if the pool could not be written."""
     me = version_id(version)
     try:
