@@ -1,4 +1,4 @@
-"""MPI start-up and torch.distributed collectives for optimizer ranks (SPEC §11).
+"""MPI start-up and torch.distributed collectives for optimizer ranks.
 
 Usage (an MPI entry point, e.g. ``mpiexec -n 4 rapid-optimizer …``)::
 

@@ -1,4 +1,4 @@
-"""S3-compatible object store (AWS, MinIO, Ceph, moto_server) behind the :class:`Store` interface (SPEC §4).
+"""S3-compatible object store (AWS, MinIO, Ceph, moto_server) behind the :class:`Store` interface.
 
 Usage::
 

@@ -1,4 +1,4 @@
-"""Object stores: one small interface, backends chosen by URL (SPEC §4).
+"""Object stores: one small interface, backends chosen by URL.
 
 Usage::
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics for every rapid role and the /metrics exporter (SPEC §9); discovery is in targets.py.
+"""Prometheus metrics for every rapid role and the /metrics exporter; discovery is in targets.py.
 
 Usage (a rollout worker; the optimizer, evaluator and launcher look the same)::
 

@@ -1,5 +1,5 @@
 """The rollout worker: plays B games with the latest policy against sampled opponents and turns the
-learner's experience into samples (SPEC §3).
+learner's experience into samples.
 
 Usage::
 

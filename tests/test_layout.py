@@ -87,15 +87,6 @@ def test_console_scripts():
         assert out.returncode == 0 and "usage" in out.stdout
 
 
-# Files owned by other open work that still cite the product brief; emptied as they are converted.
-SPEC_CITATIONS_LEFT = {
-    "monitoring/metrics.py", "rapid/formats/codec.py", "rapid/formats/experience.py", "rapid/roles/rollout.py",
-    "rapid/league/pool.py", "rapid/league/sampling.py", "rapid/league/__init__.py",
-    "rapid/league/ratings.py", "rapid/rollout_worker.py", "infra/s3.py", "infra/store.py",
-    "infra/distributed.py",
-}
-
-
 CITATION = "SPEC " + "§"  # spelled apart, so this file does not cite it
 
 
@@ -107,7 +98,7 @@ def _tracked(*patterns: str) -> list[str]:
 def test_no_citations_of_the_brief_outside_the_repository():
     """The SPEC is not in the repository: comments point at docs/architecture.md instead."""
     citing = {p for p in _tracked("*.py", "*.yml", "*.yaml", "*.md", "*.toml") if CITATION in (ROOT / p).read_text()}
-    assert citing <= SPEC_CITATIONS_LEFT, sorted(citing - SPEC_CITATIONS_LEFT)
+    assert not citing, sorted(citing)
 
 
 def test_architecture_doc_names_only_files_that_exist():

@@ -1,4 +1,4 @@
-"""msgpack documents with numpy arrays as raw buffers, a format name/version and a checksum (SPEC §5).
+"""msgpack documents with numpy arrays as raw buffers, a format name/version and a checksum.
 
 An encoded object is a msgpack array ``[format_name, format_version, crc32, payload]``; ``payload`` is
 the msgpack of a tree of dicts, lists, scalars and arrays. An array is an ExtType holding

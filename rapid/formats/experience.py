@@ -1,4 +1,4 @@
-"""Experience objects: a batch of samples of ``bptt`` steps from one rollout worker (SPEC §5).
+"""Experience objects: a batch of samples of ``bptt`` steps from one rollout worker.
 
 Every sample carries the LSTM state at its start, the policy version that produced it and the opponent
 it played. Usage::

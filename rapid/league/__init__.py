@@ -1,4 +1,4 @@
-"""The league (SPEC §6): opponent pool, opponent sampling, match results and TrueSkill ratings.
+"""The league: opponent pool, opponent sampling, match results and TrueSkill ratings.
 
 Who calls what:
 

@@ -1,5 +1,5 @@
 """The opponent pool in the store: the pool document's revisions, snapshots, and conflict-free updates
-(SPEC §6). The state itself and its pure updates are in ``rapid.league.state``.
+(docs/architecture.md). The state itself and its pure updates are in ``rapid.league.state``.
 
 Usage::
 

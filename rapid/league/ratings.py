@@ -1,4 +1,4 @@
-"""TrueSkill ratings of learner versions, snapshots and bots (SPEC §6), with the ``trueskill`` library.
+"""TrueSkill ratings of learner versions, snapshots and bots, with the ``trueskill`` library.
 
 Parameters as the OpenAI Five paper: μ₀ = 25, σ₀ = 25/3, β = σ₀/2, τ = 0, draw probability 0.02.
 Usage (the evaluator, or ``rapid league rate``)::

@@ -1,4 +1,4 @@
-"""Opponent sampling: OpenAI Five quality scores and PFSP (SPEC §6). Pure functions plus a worker cache.
+"""Opponent sampling: OpenAI Five quality scores and PFSP. Pure functions plus a worker cache.
 
 The opponent of a game is, with probability ``bot_prob``, a scripted bot (uniform over active bots);
 otherwise the latest policy with probability ``latest_prob``, or else a past snapshot:

@@ -1,4 +1,4 @@
-"""The rollout role: all the wiring of one rollout worker process, top to bottom (SPEC §3).
+"""The rollout role: all the wiring of one rollout worker process, top to bottom.
 
 Rollout workers use no collectives: one dying or joining late disturbs nobody. Identity comes from the
 config (``rollout.worker_id``), else the MPI rank when started by mpiexec, else the process id.
