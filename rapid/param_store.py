@@ -2,10 +2,18 @@
 
 Usage::
 
-    params = ParameterStore(store)
-    params.publish(7, state, meta={"updates": 70})     # params/000000000007.rpm, then params/LATEST
-    v = params.latest_version()                         # 7, or None before the first publish
-    obj = params.fetch(v)                               # ParamsObject(version, tensors, meta)
+    >>> import tempfile
+    >>> from rapid.infra.store import LocalStore
+    >>> params = ParameterStore(LocalStore(tempfile.mkdtemp()))
+    >>> params.latest_version() is None                 # None before the first publish
+    True
+    >>> params.publish(7, {"w": np.ones(3, np.float32)}, meta={"updates": 70})   # params/000000000007.rpm, LATEST
+    >>> v = params.latest_version()
+    >>> v
+    7
+    >>> obj = params.fetch(v)                           # ParamsObject(version, tensors, meta)
+    >>> obj.version, obj.tensors["w"].tolist(), obj.meta["updates"]
+    (7, [1.0, 1.0, 1.0], 70)
 """
 
 from __future__ import annotations
