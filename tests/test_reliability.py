@@ -43,7 +43,6 @@ from tests.s3_server import DUMMY_CREDENTIALS, free_port, start_moto_server, sto
 # A recognizable secret: it must never show up in a log, a metric, a stored config or an error message.
 CANARY = "CanarySecret0xDEADBEEFdoNotLeak"
 CANARY_ID = "AKIACANARYKEYID12345"
-FAULTS: list[str] = []  # every injected fault, for the printed figure
 
 SMALL = ["env.num_games=16", "model.hidden=32", "model.lstm=32", "model.encoder_layers=1",
          "rollout.bptt=8", "rollout.samples_per_segment=2", "rollout.upload_interval_s=0.5",
@@ -185,7 +184,6 @@ def test_worker_killed_mid_upload(tmp_path, backend, request):
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait()
             kills += 1
-            FAULTS.append(f"SIGKILL rollout mid-upload ({backend})")
         if backend == "local":
             mid_write = len(list((run / "store" / "experience" / "wk").glob(".tmp-*")))
         v_after_kills = latest(params)
@@ -251,7 +249,6 @@ def test_store_outage_30s(tmp_path):
             before = scrape(run, "rollout-0")
             v_before = latest(params)
             os.kill(moto.pid, signal.SIGSTOP)
-            FAULTS.append("S3 server frozen 30 s")
             outage_start = time.monotonic()
             time.sleep(5)
             early = scrape(run, "rollout-0")
@@ -312,7 +309,6 @@ def test_optimizer_sigkill_then_resume(tmp_path):
         opt_pid = json.loads((run / "metrics" / "optimizer-0.json").read_text())["pid"]
         os.kill(opt_pid, signal.SIGKILL)
         os.killpg(launcher.pid, signal.SIGKILL)
-        FAULTS.append("SIGKILL optimizer + launcher")
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
@@ -435,13 +431,11 @@ def test_hostile_objects_rejected_counted_skipped(live_run):
         with pytest.raises(FormatError):
             decode_experience(data, shape)
         store.put(f"experience/evil/{name}.rxp", data)
-        FAULTS.append(f"hostile object: {name}")
     # Names the store would never write, put on disk behind its back: still counted and skipped.
     evil = run / "store" / "experience" / "evil"
     (evil / "odd name ü.rxp").write_bytes(good)
     (evil / "notes.txt").write_bytes(b"not an experience object: ignored, not counted")
     (evil / "zzz.rxp").write_bytes(b"\x00garbage" * 100)
-    FAULTS.extend(["hostile object: odd key", "hostile object: .txt under experience/", "hostile object: zzz.rxp"])
     expected_bad = len(objects) + 2
     for key in ("experience/x/../../params/000000000000.rpm", "/etc/passwd", "experience/a\\b.rxp",
                 "experience//x.rxp", "experience/x/%2e%2e/y"):
@@ -471,7 +465,6 @@ def test_numerically_extreme_experience_skips_updates_in_a_live_run(live_run):
     batch.arrays["version"] = np.full_like(batch.arrays["version"], latest(params))
     skipped_before = scrape(run, "optimizer-0")["rapid_nonfinite_updates_skipped_total"]
     store.put("experience/extreme/0-00000000.rxp", encode_experience(batch))
-    FAULTS.append("numerical: extreme returns/advantages")
     opt = live_run["opt"]
     wait_for(lambda: scrape(run, "optimizer-0")["rapid_nonfinite_updates_skipped_total"] > skipped_before
              or opt.poll() is not None, 60, "a skipped update")
@@ -508,7 +501,6 @@ def test_learner_skips_nonfinite_batches_and_changes_nothing():
         before = {k: v.copy() for k, v in policy.tensors().items()}
         adam_before = {k: {n: t.clone() for n, t in s.items()} for k, s in learner.adam.state.items()}
         stats = learner.update(batch(**edit))
-        FAULTS.append(f"numerical: {name}")
         assert stats["skipped"] == 1.0, name
         after = policy.tensors()
         assert all(np.array_equal(before[k], after[k]) for k in before), f"{name}: parameters or normalizers changed"
@@ -540,7 +532,6 @@ def test_train_bad_value_per_section_exit_2_and_no_run_dir(tmp_path, bad):
     out = rapid("train", "--run-dir", str(run), "--no-progress", "--set", bad, check=False, timeout=60)
     _one_line_error(out, 2, bad.split("=")[0])
     assert not run.exists(), "a bad config never starts a run, not even its directory"
-    FAULTS.append(f"bad config: {bad}")
 
 
 @pytest.mark.parametrize("args, field", [
@@ -561,7 +552,6 @@ def test_role_bad_arguments_exit_2(tmp_path, args, field):
     # file runs/<name>/metrics/*.json (known gap, docs/reliability.md).
     # (an unknown game is found after the local store folder was opened: it stays empty, see known gaps)
     assert not list(tmp_path.glob("runs/*/store/*")) and not list(tmp_path.glob("runs/*/config.toml"))
-    FAULTS.append(f"bad arguments: {' '.join(args)}")
 
 
 def test_unreachable_s3_store_one_line_no_secret(tmp_path):
@@ -575,7 +565,6 @@ def test_unreachable_s3_store_one_line_no_secret(tmp_path):
     assert len(errors) == 1 and errors[0].startswith("rapid: StoreError"), out.stderr
     assert "127.0.0.1" in out.stderr
     assert_no_canary(out.stderr, out.stdout)
-    FAULTS.append("unreachable S3 endpoint")
 
 
 # -- 7. secrets and keys ------------------------------------------------------------------------------
@@ -605,11 +594,6 @@ def test_stored_config_and_describe_hold_no_secret(tmp_path, s3_server):
     os.environ.update(DUMMY_CREDENTIALS)
     store = S3Store("s3://bucket-y/run", endpoint_url=f"http://{CANARY_ID}:{CANARY}@127.0.0.1:1")
     assert_no_canary(store.describe())
-
-
-def test_figures():
-    """Printed at the end of the module (pytest -s): the faults injected above."""
-    print(f"\nfaults injected in this module: {len(FAULTS)}")
 
 
 def test_publish_is_idempotent_and_outage_writes_are_retried(tmp_path):
