@@ -3,10 +3,21 @@ a ``--resume`` continues from.
 
 Usage::
 
-    save_checkpoint(store, Checkpoint(version, updates, policy.tensors(), adam.state_dict()), keep=3)
-    ckpt = load_latest_checkpoint(store)        # the one checkpoints/LATEST names; None when the run has none
-    point = resume_point(store, policy, adam, log)   # loads weights and Adam state into policy and adam
-    point.version, point.updates, point.source  # next publish is point.version + 1
+    >>> import tempfile
+    >>> from rapid.infra.store import LocalStore
+    >>> from rapid.opt.model import Policy
+    >>> store = LocalStore(tempfile.mkdtemp())
+    >>> policy = Policy(obs_dim=4, action_heads=(3,), hidden=8)
+    >>> adam = torch.optim.Adam(policy.parameters())
+    >>> load_latest_checkpoint(store) is None      # the run has none yet
+    True
+    >>> save_checkpoint(store, Checkpoint.from_torch(5, 50, policy.tensors(), adam.state_dict()), keep=3)
+    'checkpoints/...'
+    >>> load_latest_checkpoint(store).version      # the one checkpoints/LATEST names
+    5
+    >>> point = resume_point(store, policy, adam, logging.getLogger("doctest"))   # loads policy and adam
+    >>> point.version, point.updates, point.source  # next publish is point.version + 1
+    (5, 50, 'checkpoint v5')
 
 A checkpoint is used only when everything in it is finite and fits the model: weights, every Adam moment
 and step count, and parameter groups that cover each parameter once. A bad one (a crash that saved NaN
