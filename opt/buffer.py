@@ -2,10 +2,23 @@
 
 Usage::
 
-    buf = ExperienceBuffer(capacity=4096, max_staleness=8)
-    buf.add(arrays)                                   # dict of [S, ...] arrays, one key 'version'
-    batch = buf.sample(256, current_version, rng, max_reuse=1.0)   # None until enough fresh samples
-    buf.stats()                                       # received, consumed, used, dropped_stale, reuse
+    >>> buf = ExperienceBuffer(capacity=8, max_staleness=2)
+    >>> rng = np.random.default_rng(0)
+    >>> buf.sample(2, 3, rng, max_reuse=1.0) is None      # None until enough fresh samples
+    True
+    >>> buf.add({"obs": np.zeros((4, 3), np.float32), "version": np.full(4, 3)})   # [S, ...] arrays, 'version'
+    >>> batch, staleness = buf.sample(2, 4, rng, max_reuse=1.0)   # current version 4
+    >>> batch["obs"].shape, staleness.tolist()
+    ((2, 3), [1, 1])
+    >>> buf.sample(4, 4, rng, max_reuse=1.0) is None      # 2 + 4 consumed would be reuse above 1.0
+    True
+    >>> s = buf.stats()
+    >>> s.received, s.consumed, s.used, s.dropped_stale, s.reuse
+    (4, 2, 2, 0, 0.5)
+    >>> buf.sample(2, 6, rng) is None                     # at version 6 all are stale: dropped
+    True
+    >>> buf.stats().dropped_stale                         # the 2 never used were wasted
+    2
 
 Staleness = current version − the version that produced a sample; samples beyond ``max_staleness`` are
 dropped (and counted) when a batch is drawn. Reuse = samples consumed by updates ÷ samples received.
