@@ -21,12 +21,21 @@ The design (GA3C's run-time scheduling with Rapid's targets):
 
 Every decision is a small pure function below; :class:`Balancer` strings them together once per update.
 
+The optimizer calls ``step`` once per update with the buffer's counts (``dropped_stale + evicted_unused`` as
+``wasted``, ``unused`` as ``backlog``) and the seconds the update itself took.
+
 Usage::
 
-    balancer = Balancer(BalanceSettings(batch=256, max_batch=1024, target_reuse=1.0, publish_interval_s=2.0))
-    d = balancer.step(now, received=b.received, consumed=b.consumed, wasted=b.dropped_stale + b.evicted_unused,
-                      backlog=b.unused, busy_s=update_seconds)
-    d.batch, d.arrival_per_s, d.capacity_per_s, d.message      # message: None, or the one line to log
+    >>> balancer = Balancer(BalanceSettings(batch=256, max_batch=1024, target_reuse=1.0, publish_interval_s=2.0))
+    >>> d = balancer.step(0.0, received=0, consumed=0, wasted=0, backlog=0, busy_s=0.1)
+    >>> d = balancer.step(1.0, received=1000, consumed=256, wasted=0, backlog=744, busy_s=0.5)
+    >>> d.batch, d.arrival_per_s, d.capacity_per_s, d.message    # backlog > 2 batches: the batch grows
+    (320, 1000.0, 512.0, None)
+    >>> at_max = Balancer(BalanceSettings(batch=256, max_batch=256, target_reuse=1.0, publish_interval_s=2.0))
+    >>> d = at_max.step(0.0, received=0, consumed=0, wasted=0, backlog=0, busy_s=0.1)
+    >>> d = at_max.step(1.0, received=1000, consumed=256, wasted=500, backlog=244, busy_s=0.9)
+    >>> print(d.message)                                         # None, or the one line to log
+    rollouts outrun the optimizer: it receives 1,000 samples/s and can consume 284/s at reuse target 1 (50% ...
 """
 
 from __future__ import annotations
