@@ -7,13 +7,23 @@ the updates makes ``submit`` block rather than pile up copies of the weights. ``
 optional work (folding league results) that is skipped while anything is queued. A job's exception is
 kept and raised in the caller's thread by the next ``submit``/``check``/``close``.
 
-Usage::
+Usage (in the learner a job is ``lambda: params.publish(3, tensors, meta)``, with a copy of the tensors)::
 
-    writer = BackgroundWriter()
-    writer.submit("publish v3", lambda: params.publish(3, tensors, meta))   # tensors: a copy, not live
-    writer.try_submit("fold", league.fold_if_due)
-    writer.check()       # raises the first job error, if any
-    writer.close()       # drains: every submitted job has run
+    >>> done = []
+    >>> writer = BackgroundWriter()
+    >>> writer.submit("publish v3", lambda: done.append("v3"))
+    >>> writer.drain()                       # wait for it here only to make try_submit's answer certain
+    >>> writer.try_submit("fold", lambda: done.append("fold"))   # queued: nothing else was pending
+    True
+    >>> writer.check()                       # raises the first job error, if any
+    >>> writer.close()                       # drains: every submitted job has run
+    >>> done
+    ['v3', 'fold']
+    >>> failing = BackgroundWriter()
+    >>> failing.submit("publish v4", lambda: 1 / 0)
+    >>> failing.close()                      # the job's error, raised in the caller's thread
+    Traceback (most recent call last):
+    ZeroDivisionError: division by zero
 """
 
 from __future__ import annotations
