@@ -19,7 +19,7 @@ ROOTS = ("rapid", "rapid.envs", "rapid.opt", "rapid.infra", "rapid.monitoring")
 USAGE_NOT_YET_RUNNABLE = {
     "rapid.loader", "rapid.uploader", "rapid.matches", "rapid.formats.experience",
     "rapid.opponents", "rapid.league.pool", "rapid.league.sampling", "rapid.league.results",
-    "rapid.league.ratings", "rapid.rollout_worker", "rapid.opt.learner",
+    "rapid.rollout_worker", "rapid.opt.learner",
     "rapid.infra.s3", "rapid.infra.store", "rapid.infra.distributed", "rapid.monitoring.metrics",
     # added by the issue 10-12 work merged since
     "rapid.decode_pool", "rapid.roles.optimizer_report", "rapid.lease",

@@ -1,11 +1,24 @@
 """TrueSkill ratings of learner versions, snapshots and bots, with the ``trueskill`` library.
 
 Parameters as the OpenAI Five paper: μ₀ = 25, σ₀ = 25/3, β = σ₀/2, τ = 0, draw probability 0.02.
-Usage (the evaluator, or ``rapid league rate``)::
+The evaluator (or ``rapid league rate``) plays a match, e.g. ``play_match("v000000000042", "bot:lane", 20)``,
+and rates its outcome in the league's pool.
 
-    wins_a, wins_b, draws = play_match("v000000000042", "bot:lane", 20)
-    league.update(lambda s: rate_games(s, "v000000000042", "bot:lane", wins_a, wins_b, draws, time.time()))
-    r = rating_of(league.read(), "v000000000042"); conservative(r)        # μ − 3σ
+Usage::
+
+    >>> import tempfile
+    >>> from rapid.infra.store import LocalStore
+    >>> from rapid.league.pool import League
+    >>> league = League(LocalStore(tempfile.mkdtemp()))
+    >>> rating_of(league.read_or_empty(), "v000000000042")               # the prior for ids never rated
+    Rating(mu=25.0, sigma=8.333333333333334, games=0)
+    >>> wins_a, wins_b, draws = 14, 5, 1                                 # the match's outcome
+    >>> state = league.update(lambda s: rate_games(s, "v000000000042", "bot:lane", wins_a, wins_b, draws, 0.0))
+    >>> r = rating_of(league.read(), "v000000000042")
+    >>> r.games, round(r.mu, 2), round(conservative(r), 2)              # conservative: μ − 3σ
+    (20, 27.19, 21.25)
+    >>> round(conservative(rating_of(state, "bot:lane")), 2)
+    16.87
 """
 
 from __future__ import annotations
