@@ -11,10 +11,25 @@ otherwise the latest policy with probability ``latest_prob``, or else a past sna
 Missing categories (no bots, no snapshots) give their share to the latest policy.
 Usage in a rollout worker::
 
-    sampler = OpponentSampler(League(store), cfg.league)   # the config's league section, validated at load
-    choice = sampler.choose(rng)        # at every game start; fixed for the whole game
-    if choice.kind == "snapshot":
-        params = sampler.load_params(choice.id)      # LRU-cached, not re-downloaded per game
+    >>> import tempfile
+    >>> from rapid.config import LeagueConfig
+    >>> from rapid.infra.store import LocalStore
+    >>> from rapid.param_store import ParameterStore
+    >>> store = LocalStore(tempfile.mkdtemp())
+    >>> ParameterStore(store).publish(42, {"w": np.zeros(2, np.float32)})
+    >>> league = League(store)
+    >>> league.add_snapshot_from_params(42).id
+    'v000000000042'
+    >>> sampler = OpponentSampler(league, LeagueConfig(latest_prob=0.5))   # the config's league section
+    >>> sampler.distribution()
+    {'latest': 0.5, 'v000000000042': 0.5}
+    >>> choice = sampler.choose(np.random.default_rng(1))   # at every game start; fixed for the whole game
+    >>> choice
+    OpponentChoice(id='v000000000042', kind='snapshot', version=42)
+    >>> if choice.kind == "snapshot":
+    ...     params = sampler.load_params(choice.id)         # LRU-cached, not re-downloaded per game
+    >>> params.version
+    42
 """
 
 from __future__ import annotations
