@@ -2,12 +2,23 @@
 
 Usage::
 
-    store = open_store("runs/demo")                 # or "file:///abs/path", "s3://bucket/prefix"
-    store.put("experience/w0/000001.rxp", data)      # atomic: readers see all of it or nothing
-    if store.put_if_absent("params/000000000007.rpm", blob): ...   # immutable objects
-    for key in store.list("experience/"):            # sorted, relative to the store's root
-        data = store.get(key, max_bytes=64 << 20)    # ObjectTooLarge past the limit, nothing read
-        store.delete(key)
+    >>> store = open_store(tempfile.mkdtemp())              # or "file:///abs/path", "s3://bucket/prefix"
+    >>> store.put("experience/w0/000001.rxp", b"rows")     # atomic: readers see all of it or nothing
+    >>> store.put_if_absent("params/000000000007.rpm", b"v7"), store.put_if_absent("params/000000000007.rpm", b"x")
+    (True, False)
+    >>> store.list("experience/")                          # sorted, relative to the store's root
+    ['experience/w0/000001.rxp']
+    >>> for key in store.list("experience/"):
+    ...     data = store.get(key, max_bytes=64 << 20)      # ObjectTooLarge past the limit, nothing read
+    ...     store.delete(key)
+    >>> data, store.exists("experience/w0/000001.rxp")
+    (b'rows', False)
+    >>> store.get("params/000000000007.rpm", max_bytes=1)
+    Traceback (most recent call last):
+    rapid.infra.store.ObjectTooLarge: ...
+    >>> store.put("../escape", b"")
+    Traceback (most recent call last):
+    rapid.infra.store.InvalidKey: ...
 
 Keys are relative, '/'-separated, made of ``[A-Za-z0-9._-]`` segments; anything that could escape the
 store's root (``..``, absolute paths, backslashes, empty segments) raises :class:`InvalidKey`. Reads are

@@ -20,7 +20,7 @@ USAGE_NOT_YET_RUNNABLE = {
     "rapid.loader", "rapid.uploader", "rapid.matches", "rapid.formats.experience",
     "rapid.opponents", "rapid.league.pool", "rapid.league.results",
     "rapid.rollout_worker", "rapid.opt.learner",
-    "rapid.infra.s3", "rapid.infra.store", "rapid.infra.distributed", "rapid.monitoring.metrics",
+    "rapid.infra.s3", "rapid.infra.distributed", "rapid.monitoring.metrics",
     # added by the issue 10-12 work merged since
     "rapid.decode_pool", "rapid.roles.optimizer_report", "rapid.lease",
     "rapid.envs.board_bots",
