@@ -3,10 +3,16 @@
 Every sample carries the LSTM state at its start, the policy version that produced it and the opponent
 it played. Usage::
 
-    data = encode_experience(batch)                 # bytes for store.put
-    shape = Shape.of(env.spec, bptt=16, lstm=256)   # the sizes a consumer expects
-    batch = decode_experience(data, shape, max_version=7)   # FormatError on anything wrong
-    batch.arrays["obs"]                             # float32 [S, T, obs_dim]
+    >>> shape = Shape(bptt=4, obs_dim=3, mask_dim=2, heads=1, lstm=8)   # or Shape.of(env.spec, bptt=16, lstm=256)
+    >>> arrays = {name: np.zeros((2, *dims), dtype) for name, (dtype, dims) in shape.fields().items()}   # S = 2
+    >>> arrays["mask"][:], arrays["version"][:] = True, 7
+    >>> data = encode_experience(ExperienceBatch("w0", seq=1, created=0.0, arrays=arrays, opponents=["latest"]))
+    >>> batch = decode_experience(data, shape, max_version=7)      # bytes from store.get, checked
+    >>> batch.num_samples, batch.arrays["obs"].dtype, batch.arrays["obs"].shape   # float32 [S, T, obs_dim]
+    (2, dtype('float32'), (2, 4, 3))
+    >>> decode_experience(data, shape, max_version=6)               # FormatError on anything wrong
+    Traceback (most recent call last):
+    rapid.errors.FormatError: experience object: policy version newer than v6, the newest published
 """
 
 from __future__ import annotations
