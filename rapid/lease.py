@@ -2,12 +2,23 @@
 
 Usage (optimizer rank 0, before it writes anything)::
 
-    lease = RunLease(store)
-    lease.acquire()                 # LeaseHeld (a UsageError: one line, exit 2) if another optimizer holds it
-    lease.keep(stop)                # renews on a thread; sets ``stop`` ("lease lost") if another one took it
-    ...
-    if lease.held: save the final checkpoint
-    lease.release()                 # the next optimizer (e.g. --resume) starts at once
+    >>> import tempfile
+    >>> from rapid.infra.store import LocalStore
+    >>> from rapid.roles.startup import StopFlag
+    >>> store = LocalStore(tempfile.mkdtemp())
+    >>> lease = RunLease(store, host="node-a")
+    >>> lease.acquire().held              # LeaseHeld (a UsageError: one line, exit 2) if another one holds it
+    True
+    >>> RunLease(store, host="node-b").acquire()
+    Traceback (most recent call last):
+    rapid.lease.LeaseHeld: another optimizer holds this run (node-a pid ...); stop it first, or if it died, ...
+    >>> stop = StopFlag(install_signals=False)
+    >>> lease.keep(stop)                  # renews on a thread; sets ``stop`` ("lease lost") if another one took it
+    >>> if lease.held:
+    ...     pass                          # save the final checkpoint
+    >>> lease.release()                   # the next optimizer (e.g. --resume) starts at once
+    >>> RunLease(store, host="node-b").acquire().held
+    True
 
 The lease is a chain of immutable objects ``optimizer/lease/<epoch>.json`` (owner, host, pid, expiry), each
 written with ``put_if_absent`` — the one atomic primitive both the local store and S3 give, so no
