@@ -3,12 +3,26 @@
 
 Usage::
 
-    league = League(store)
-    league.update(lambda s: ensure_bots(s, ["bot:random"], now))   # rank 0 at start; creates the pool
-    league.add_snapshot_from_params(42)              # immutable copy of params/000000000042.rpm joins
-    state = league.update(lambda s: fold_results(s, results))      # read, apply a pure function, commit
-    state = league.read()                            # PoolState; PoolMissing before the first commit
-    obj = league.load_snapshot("v000000000042")      # the snapshot's ParamsObject
+    >>> import tempfile
+    >>> from rapid.infra.store import LocalStore
+    >>> from rapid.league.results import MatchResult, fold_results
+    >>> from rapid.league.state import ensure_bots
+    >>> store = LocalStore(tempfile.mkdtemp())
+    >>> ParameterStore(store).publish(42, {"w": np.zeros(2, np.float32)})
+    >>> league = League(store, clock=lambda: 0.0)
+    >>> league.read()                                # PoolMissing before the first commit
+    Traceback (most recent call last):
+    rapid.league.state.PoolMissing: ...
+    >>> state = league.update(lambda s: ensure_bots(s, ["bot:random"], 0.0))   # rank 0 at start; creates the pool
+    >>> league.add_snapshot_from_params(42).id      # immutable copy of params/000000000042.rpm joins
+    'v000000000042'
+    >>> results = [MatchResult(43, "v000000000042", "learner", 311, "w3", 0.0)]
+    >>> state = league.update(lambda s: fold_results(s, results))      # read, apply a pure function, commit
+    >>> state = league.read()                        # PoolState
+    >>> state.revision, sorted(state.members), state.members["v000000000042"].wins
+    (3, ['bot:random', 'v000000000042'], 1)
+    >>> league.load_snapshot("v000000000042").version   # the snapshot's ParamsObject
+    42
 
 Store layout. Every committed state is a new object ``league/pool/<revision:012d>.json`` written with
 ``put_if_absent``, the only atomic primitive both the local store and S3 give: two writers that read the
