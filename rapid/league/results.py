@@ -4,11 +4,22 @@ Format ``rapid.match_results`` v1 (rapid.formats.codec envelope: name, version, 
 ``{"results": [{learner_version, opponent_id, winner, length, worker, time}, …]}`` under
 ``league/results/<worker>/<seq:012d>.rmr``. Usage::
 
-    writer = ResultWriter(store, "w3")                  # rollout worker
-    writer.write([MatchResult(42, "v000000000040", "learner", 311, "w3", time.time())])
-
-    folder = ResultFolder(League(store), eta=0.01)      # optimizer rank 0, e.g. after each publish
-    report = folder.fold_pending()                      # FoldReport(objects, games, bad_objects)
+    >>> import tempfile
+    >>> from rapid.infra.store import LocalStore
+    >>> from rapid.league.state import ensure_bots
+    >>> store = LocalStore(tempfile.mkdtemp())
+    >>> writer = ResultWriter(store, "w3", clock=lambda: 0.0)      # rollout worker
+    >>> writer.write([MatchResult(42, "bot:lane", "learner", 311, "w3", 0.0),
+    ...               MatchResult(42, "latest", "draw", 500, "w3", 0.0)])
+    'league/results/w3/000000000000.rmr'
+    >>> league = League(store)
+    >>> state = league.update(lambda s: ensure_bots(s, ["bot:lane"], 0.0))
+    >>> folder = ResultFolder(league, eta=0.01)                     # optimizer rank 0, e.g. after each publish
+    >>> folder.fold_pending()
+    FoldReport(objects=1, games=2, bad_objects=0)
+    >>> state = league.read()
+    >>> state.members["bot:lane"].wins, state.latest_games, store.list("league/results/")
+    (1, 1, [])
 
 Folding is exactly-once across crashes: the keys of the folded objects are committed in the same pool
 revision as their effect and deleted afterwards; a key already in ``folded_keys`` is never folded
