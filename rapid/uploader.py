@@ -2,10 +2,21 @@
 
 Usage::
 
-    up = Uploader(store, worker="w0", interval_s=60, max_backlog=8)
-    up.start()
-    up.add(segment)            # from the stepping loop; returns at once
-    up.stop()                  # flushes what is pending (best effort) and joins
+    >>> import tempfile
+    >>> from rapid.formats.experience import Shape
+    >>> from rapid.infra.store import LocalStore
+    >>> store = LocalStore(tempfile.mkdtemp())
+    >>> shape = Shape(bptt=4, obs_dim=3, mask_dim=2, heads=1, lstm=8)
+    >>> arrays = {name: np.zeros((2, *dims), dtype) for name, (dtype, dims) in shape.fields().items()}
+    >>> segment = Segment(arrays, opponents=["latest"])      # what RolloutWorker.collect returns: 2 samples
+    >>> up = Uploader(store, worker="w0", interval_s=60, max_backlog=8)
+    >>> up.start()
+    >>> up.add(segment)            # from the stepping loop; returns at once
+    >>> up.stop()                  # flushes what is pending (best effort) and joins
+    >>> up.stats.objects, up.stats.samples, up.stats.dropped_objects
+    (1, 2, 0)
+    >>> store.list("experience/w0/")
+    ['experience/w0/...-00000000.rxp']
 
 Every ``interval_s`` the pending segments become one experience object. If the store is unreachable
 the encoded objects wait in a backlog of at most ``max_backlog``; past that the oldest are dropped and
