@@ -8,12 +8,31 @@ counted, logged and skipped; if the thread dies anyway, ``failure`` says why and
 
 Usage::
 
-    loader = ExperienceLoader(store, shape, buffer, rank=0, world=1, poll_s=0.5, retention_s=600,
-                              decode_workers=2, current_version=lambda: version)
-    loader.start()
-    episodes = loader.take_episodes()      # finished games reported with the experience
-    loader.failure                         # None while the thread runs (or was stopped)
-    loader.stop()
+    >>> import tempfile
+    >>> import numpy as np
+    >>> from rapid.formats.experience import ExperienceBatch, encode_experience
+    >>> from rapid.infra.store import LocalStore
+    >>> store = LocalStore(tempfile.mkdtemp())
+    >>> shape = Shape(bptt=4, obs_dim=3, mask_dim=2, heads=1, lstm=8)
+    >>> arrays = {name: np.zeros((2, *dims), dtype) for name, (dtype, dims) in shape.fields().items()}
+    >>> arrays["mask"][:] = True
+    >>> game = {"learner_version": 0, "opponent": "latest", "learner_side": 0, "winner": "learner", "length": 9,
+    ...         "learner_return": 1.0}
+    >>> store.put("experience/w0/a1b2-00000000.rxp", encode_experience(ExperienceBatch(
+    ...     "w0", 0, 0.0, arrays, ["latest"], episodes=[game])))             # what an Uploader writes
+    >>> buffer = ExperienceBuffer(capacity=64, max_staleness=8)
+    >>> loader = ExperienceLoader(store, shape, buffer, rank=0, world=1, poll_s=0.5, retention_s=600,
+    ...                           decode_workers=0, current_version=lambda: 0)   # 0: decode inline
+    >>> loader.poll_once()                 # what the loader thread does every poll_s: objects loaded
+    1
+    >>> buffer.stats().received, loader.stats.bad_objects
+    (2, 0)
+    >>> [g["winner"] for g in loader.take_episodes()]      # finished games reported with the experience
+    ['learner']
+    >>> loader.start()
+    >>> loader.failure is None             # None while the thread runs (or was stopped)
+    True
+    >>> loader.stop()
 """
 
 from __future__ import annotations
