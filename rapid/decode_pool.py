@@ -6,12 +6,22 @@ sends back numpy arrays and plain, validated episode records: nothing from the s
 with 'forkserver' (or 'spawn'), never a fork of a process whose torch threads already run. With
 ``workers=0`` decoding runs inline in the caller's thread: one process, deterministic, for tests.
 
+With ``workers`` > 0 the same calls hand the bytes to worker processes and ``result`` waits for them.
+
 Usage::
 
-    pool = DecodePool(shape, workers=2)
-    future = pool.submit(data)            # bytes of one experience object
-    result = future.result()              # Decoded, or Rejected(why) for a bad object
-    pool.close()
+    >>> from rapid.formats.experience import ExperienceBatch, encode_experience
+    >>> shape = Shape(bptt=4, obs_dim=3, mask_dim=2, heads=1, lstm=8)
+    >>> arrays = {name: np.zeros((2, *dims), dtype) for name, (dtype, dims) in shape.fields().items()}
+    >>> arrays["mask"][:], arrays["version"][:] = True, 7
+    >>> data = encode_experience(ExperienceBatch("w0", 0, 0.0, arrays, ["latest"]))   # one experience object
+    >>> pool = DecodePool(shape, workers=0)      # inline here; the optimizer uses workers=2 or more
+    >>> result = pool.result(pool.submit(data))  # Decoded, or Rejected(why) for a bad object
+    >>> result.num_samples, result.max_version
+    (2, 7)
+    >>> pool.result(pool.submit(data[:-1]))
+    Rejected(why='...')
+    >>> pool.close()
 """
 
 from __future__ import annotations
