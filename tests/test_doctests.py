@@ -22,7 +22,6 @@ USAGE_NOT_YET_RUNNABLE = {
     "rapid.rollout_worker", "rapid.opt.learner",
     "rapid.infra.s3", "rapid.infra.distributed", "rapid.monitoring.metrics",
     # added by the issue 10-12 work merged since
-    "rapid.roles.optimizer_report",
     "rapid.envs.board_bots",
 }
 

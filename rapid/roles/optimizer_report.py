@@ -3,11 +3,30 @@ place, done on a thread of its own so the update loop only hands over what it me
 
 Usage::
 
-    report = OptimizerReport(metrics, oplog, buffer, loader, skipped=lambda: learner.skipped)
-    report.update(updates, version, stats, staleness, decision, wait_s)   # one call per applied update
-    report.writer_done("publish v3", seconds) # from the background writer
-    report.update_failed(error)               # an update that raised on its batch
-    report.close()                            # drains: the last record is written
+    >>> import json, os, tempfile
+    >>> from rapid.balance import Balancer, BalanceSettings
+    >>> from rapid.formats.experience import Shape
+    >>> from rapid.infra.store import LocalStore
+    >>> from rapid.loader import ExperienceLoader
+    >>> from rapid.monitoring.metrics import OptimizerMetrics
+    >>> from rapid.opt.buffer import ExperienceBuffer
+    >>> from rapid.roles.startup import JsonlLog
+    >>> run_dir = tempfile.mkdtemp()
+    >>> buffer = ExperienceBuffer(capacity=64, max_staleness=8)
+    >>> loader = ExperienceLoader(LocalStore(run_dir), Shape(bptt=4, obs_dim=3, mask_dim=2, heads=1, lstm=8), buffer)
+    >>> oplog = JsonlLog(os.path.join(run_dir, "logs", "optimizer.jsonl"))
+    >>> report = OptimizerReport(OptimizerMetrics(run="demo"), oplog, buffer, loader, skipped=lambda: 0)
+    >>> stats = {"loss": 0.5, "forward_s": 0.01, "backward_s": 0.02, "allreduce_s": 0.0, "step_s": 0.01}
+    >>> decision = Balancer(BalanceSettings(batch=2, max_batch=8, target_reuse=1.0, publish_interval_s=2.0)).step(
+    ...     0.0, received=0, consumed=0, wasted=0, backlog=0, busy_s=0.04)
+    >>> report.update(1, 3, stats, np.array([0, 1]), decision, 0.005)   # one call per applied update
+    >>> report.writer_done("publish v3", 0.02)      # from the background writer
+    >>> report.update_failed(ValueError("bad batch"))   # an update that raised on its batch
+    >>> report.close()                              # drains: the last record is written
+    >>> oplog.close()
+    >>> record = json.loads(open(os.path.join(run_dir, "logs", "optimizer.jsonl")).read())
+    >>> record["update"], record["version"], record["staleness_max"], record["balance_batch"]
+    (1, 3, 1, 2)
 """
 
 from __future__ import annotations
