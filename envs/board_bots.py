@@ -7,9 +7,18 @@ needs nothing game-specific. It beats a random player in about 19 games of 20 at
 
 Usage::
 
-    env = make_env("pettingzoo.classic.connect_four_v3", num_games=64)
-    bot = env.make_bot("lookahead", seed=0)      # also: rapid eval --against bot:lookahead
-    actions = bot.act(step)                      # [B, A, 1]; the caller keeps the rows of the bot's side
+    >>> from rapid.envs.registry import make_env
+    >>> env = make_env("pettingzoo.classic.connect_four_v3", num_games=1)
+    >>> bot = env.make_bot("lookahead", seed=0)      # also: rapid eval --against bot:lookahead
+    >>> step = env.reset(seed=0)
+    >>> for column in [0, 1, 0, 1, 0]:               # player_0 has three in column 0; player_1 moves
+    ...     step = env.step(np.full((1, 2, 1), column))
+    >>> actions = bot.act(step)                      # [B, A, 1]; the caller keeps the rows of the bot's side
+    >>> actions.shape, step.active[0].tolist(), int(actions[0, 1, 0])   # player_1 blocks column 0
+    ((1, 2, 1), [False, True], 0)
+    >>> step = env.step(np.full((1, 2, 1), 1))       # player_1 did not block: player_0 wins at once
+    >>> int(bot.act(step)[0, 0, 0])
+    0
 """
 
 from __future__ import annotations

@@ -21,8 +21,6 @@ USAGE_NOT_YET_RUNNABLE = {
     "rapid.opponents",
     "rapid.rollout_worker", "rapid.opt.learner",
     "rapid.infra.s3", "rapid.infra.distributed", "rapid.monitoring.metrics",
-    # added by the issue 10-12 work merged since
-    "rapid.envs.board_bots",
 }
 
 # A literal block introduced by a line ending in "Usage…::" whose first line is not a ">>>" example.
