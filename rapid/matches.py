@@ -2,9 +2,22 @@
 
 Usage::
 
-    players = resolve_player(cfg, store, "latest"), resolve_player(cfg, store, "random")
-    result = play_match(env_factory, players, games=200, seed=0)
-    result.win_rate, result.interval()
+    >>> import tempfile
+    >>> from rapid.envs.registry import make_env
+    >>> from rapid.infra.store import LocalStore
+    >>> from rapid.config import ModelConfig
+    >>> cfg = Config(model=ModelConfig(hidden=16, lstm=16))   # env: connect four; a small model, for speed
+    >>> env = make_env(cfg.env.name, num_games=batch_size(4))
+    >>> params = ParameterStore(LocalStore(tempfile.mkdtemp()))
+    >>> params.publish(1, build_policy(cfg, env.spec).tensors())   # what an optimizer publishes
+    >>> players = make_player("latest", cfg, env, params), make_player("random", cfg, env, params, seed=1)
+    >>> [p.name for p in players]
+    ['v1', 'random']
+    >>> result = play_match(env, *players, games=4, seed=0)
+    >>> result.games, 0.0 <= result.win_rate <= 1.0, len(result.interval())
+    (4, True, 2)
+    >>> print(result.line("v1", "random"))
+    v1 vs random: won ..., lost ..., drew ... of 4 games; win rate ... (95% CI ...), mean length ...
 
 Player A plays side 0 in half the games and side 1 in the other half, so first-move advantage cancels.
 Every slot of the vector env plays the same number of games, so short games are not over-counted.
