@@ -3,11 +3,20 @@ learner's experience into samples.
 
 Usage::
 
-    worker = RolloutWorker(env, policy, RolloutSettings.of(cfg, env.spec), opponents, seed)
-    worker.set_params(version, tensors)
-    while running:
-        segment = worker.collect()          # samples of bptt steps, GAE done, stamped with version
-        uploader.add(segment)
+    >>> from rapid.config import ModelConfig, RolloutConfig
+    >>> from rapid.envs.registry import make_env
+    >>> from rapid.roles.startup import build_policy
+    >>> cfg = Config(model=ModelConfig(hidden=16, lstm=16), rollout=RolloutConfig(bptt=4, samples_per_segment=2))
+    >>> env = make_env(cfg.env.name, num_games=2)                     # connect four: 2 agents a game
+    >>> policy = build_policy(cfg, env.spec)
+    >>> worker = RolloutWorker(env, policy, RolloutSettings.of(cfg, env.spec), SelfPlay(), seed=0)
+    >>> worker.set_params(3, policy.tensors())                        # a published version's weights
+    >>> segments = []
+    >>> for _ in range(2):                                            # while running
+    ...     segment = worker.collect()      # samples of bptt steps, GAE done, stamped with version
+    ...     segments.append(segment)        # a worker hands it to its Uploader: uploader.add(segment)
+    >>> segment.arrays["obs"].shape, set(segment.arrays["version"].tolist()), segment.opponents   # [S, T, obs]
+    ((8, 4, 84), {3}, ['latest'])
 
 An opponent is fixed for a whole game and its LSTM state starts at zero with the game; the learner's
 side is drawn per game so a policy learns both sides of asymmetric games.

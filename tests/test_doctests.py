@@ -18,7 +18,7 @@ ROOTS = ("rapid", "rapid.envs", "rapid.opt", "rapid.infra", "rapid.monitoring")
 # and converted after it merges. Remove a name as its block becomes ``>>>`` examples.
 USAGE_NOT_YET_RUNNABLE = {
     "rapid.opponents",
-    "rapid.rollout_worker", "rapid.opt.learner",
+    "rapid.opt.learner",
     "rapid.infra.s3", "rapid.infra.distributed", "rapid.monitoring.metrics",
 }
 
