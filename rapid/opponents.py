@@ -3,10 +3,36 @@ worker's finished games into match results for optimizer rank 0.
 
 Usage (inside a rollout worker)::
 
-    source = LeagueOpponents(League(store), cfg, env, make_policy)
-    worker = RolloutWorker(env, policy, settings, opponents=source)
-    ...
-    source.report(segment.episodes)       # match results, written by the uploader thread
+    >>> import tempfile
+    >>> from rapid.config import LeagueConfig, ModelConfig, RolloutConfig
+    >>> from rapid.envs.registry import make_env
+    >>> from rapid.infra.store import LocalStore
+    >>> from rapid.league.state import ensure_bots
+    >>> from rapid.param_store import ParameterStore
+    >>> from rapid.roles.startup import build_policy
+    >>> from rapid.rollout_worker import RolloutSettings, RolloutWorker
+    >>> cfg = Config(model=ModelConfig(hidden=16, lstm=16), rollout=RolloutConfig(bptt=4, samples_per_segment=2),
+    ...              league=LeagueConfig(latest_prob=0.5, bot_prob=0.5, bots=["random"]))
+    >>> env = make_env(cfg.env.name, num_games=2)
+    >>> store = LocalStore(tempfile.mkdtemp())
+    >>> policy = build_policy(cfg, env.spec)
+    >>> ParameterStore(store).publish(2, policy.tensors())
+    >>> league = League(store)
+    >>> state = league.update(lambda s: ensure_bots(s, ["bot:random"], 0.0))
+    >>> snapshot = league.add_snapshot_from_params(2)                # the pool: a bot and one snapshot
+    >>> source = LeagueOpponents(league, cfg, env, lambda: build_policy(cfg, env.spec))
+    >>> rng = np.random.default_rng(0)
+    >>> sorted({source.choose(rng).id for _ in range(20)})           # the opponent of one new game each
+    ['bot:random', 'latest', 'v000000000002']
+    >>> worker = RolloutWorker(env, policy, RolloutSettings.of(cfg, env.spec), opponents=source, seed=0)
+    >>> worker.set_params(3, policy.tensors())
+    >>> episodes = []
+    >>> while not episodes:
+    ...     episodes = worker.collect().episodes                     # the segment's finished games
+    >>> report = ResultReporter(store, "w0")      # a worker's Uploader calls it from its thread (on_episodes)
+    >>> report(episodes, 0.0)                     # match results for optimizer rank 0
+    >>> len(store.list("league/results/w0/")), report.pending
+    (1, [])
 """
 
 from __future__ import annotations
