@@ -1,12 +1,27 @@
 """One PPO update on a batch of samples: truncated BPTT, clipped losses, all-reduced gradients, Adam.
 
+With several ranks the learner is built with ``all_reduce=ctx.all_reduce_gradients,
+all_reduce_scalars=ctx.all_reduce_scalars, world_size=ctx.size`` (``rapid.infra.distributed``); one process
+needs none of them.
+
 Usage::
 
-    learner = Learner(policy, cfg.ppo, device, microbatch_samples=0, all_reduce=ctx.all_reduce_gradients,
-                      all_reduce_scalars=ctx.all_reduce_scalars, world_size=ctx.size)
-    stats = learner.update(batch)        # batch: dict of [S, T, ...] arrays (see rapid.formats.experience)
-    staged = learner.stage(next_batch)   # optional: on the device ahead of time; update(staged) as above
-    if stats["skipped"]: ...             # non-finite loss, gradients or statistics: nothing was applied
+    >>> from rapid.config import Config, ModelConfig, RolloutConfig
+    >>> from rapid.envs.registry import make_env
+    >>> from rapid.roles.startup import build_policy
+    >>> from rapid.rollout_worker import RolloutSettings, RolloutWorker, SelfPlay
+    >>> cfg = Config(model=ModelConfig(hidden=16, lstm=16), rollout=RolloutConfig(bptt=4, samples_per_segment=2))
+    >>> env = make_env(cfg.env.name, num_games=2)
+    >>> worker = RolloutWorker(env, build_policy(cfg, env.spec), RolloutSettings.of(cfg, env.spec), SelfPlay())
+    >>> batch = worker.collect().arrays   # dict of [S, T, ...] arrays (see rapid.formats.experience)
+    >>> learner = Learner(build_policy(cfg, env.spec), cfg.ppo, "cpu", microbatch_samples=0)
+    >>> stats = learner.update(batch)     # with MPI: all_reduce=ctx.all_reduce_gradients, all_reduce_scalars=…
+    >>> stats["skipped"], learner.updates, sorted(k for k in stats if k.endswith("loss"))
+    (0.0, 1, ['policy_loss', 'value_loss'])
+    >>> staged = learner.stage(batch)     # optional: on the device ahead of time; update(staged) as above
+    >>> batch["advantages"][:] = np.nan
+    >>> learner.update(batch)["skipped"], learner.skipped   # non-finite loss, gradients or statistics: nothing applied
+    (1.0, 1)
 
 With several ranks every rank calls ``update`` in lock step; ``all_reduce`` averages the gradients and
 ``all_reduce_scalars`` pools the batch statistics, so the parameters and normalizers stay identical everywhere

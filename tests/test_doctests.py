@@ -17,7 +17,6 @@ ROOTS = ("rapid", "rapid.envs", "rapid.opt", "rapid.infra", "rapid.monitoring")
 # Modules whose ``Usage::`` block is still prose, not examples: owned by other open work at the time of writing
 # and converted after it merges. Remove a name as its block becomes ``>>>`` examples.
 USAGE_NOT_YET_RUNNABLE = {
-    "rapid.opt.learner",
     "rapid.infra.s3", "rapid.infra.distributed", "rapid.monitoring.metrics",
 }
 
