@@ -1,18 +1,27 @@
 """Prometheus metrics for every rapid role and the /metrics exporter; discovery is in targets.py.
 
+A role serves its metrics with ``port = metrics.serve(port=0, run_dir=run_dir)``: /metrics on a free port,
+registered as ``<run_dir>/metrics/rollout-3.json`` for discovery (the example below writes that file itself).
+
 Usage (a rollout worker; the optimizer, evaluator and launcher look the same)::
 
-    metrics = RolloutMetrics(run="demo", rank=3)       # own CollectorRegistry, labels role/rank/run
-    port = metrics.serve(port=0, run_dir=run_dir)       # /metrics on a free port, <run_dir>/metrics/rollout-3.json
-    while training:
-        obs, rew, done = env.step(actions)
-        metrics.env_steps(env.num_games)                # batched counts: one call per vector step
-        metrics.agent_steps(env.num_games * agents)
-        for ret, length in finished_games:
-            metrics.episode(ret, length)
-    metrics.close()
-
-    write_file_sd(collect_targets(run_dir), run_dir / "metrics" / "targets.json", run="demo")
+    >>> import json, tempfile
+    >>> from pathlib import Path
+    >>> from rapid.monitoring.targets import register_process
+    >>> run_dir = Path(tempfile.mkdtemp())
+    >>> metrics = RolloutMetrics(run="demo", rank=3)     # own CollectorRegistry, labels role/rank/run
+    >>> register_process(run_dir, "rollout", 3, 9100)    # what metrics.serve(port=0, run_dir=run_dir) records
+    PosixPath('.../metrics/rollout-3.json')
+    >>> for _ in range(2):                               # while training, once per vector step of 64 games
+    ...     metrics.env_steps(64)                        # batched counts: one call per vector step
+    ...     metrics.agent_steps(64 * 2)
+    >>> metrics.episode(1.0, 30)                         # for each finished game: its return and length
+    >>> metrics.registry.get_sample_value("rapid_env_steps_total", {"role": "rollout", "rank": "3", "run": "demo"})
+    128.0
+    >>> metrics.close()
+    >>> path = write_file_sd(collect_targets(run_dir), run_dir / "metrics" / "targets.json", run="demo")
+    >>> json.loads(path.read_text())
+    [{'targets': ['127.0.0.1:9100'], 'labels': {'role': 'rollout', 'rank': '3', 'run': 'demo'}}]
 
 Every metric is defined once here; each role object owns a private registry,
 so several roles can live in one process (tests, the local launcher) without name clashes. Metrics carry
