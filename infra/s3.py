@@ -1,14 +1,26 @@
 """S3-compatible object store (AWS, MinIO, Ceph, moto_server) behind the :class:`Store` interface.
 
+Against a real server the store is ``open_store("s3://bucket/runs/demo")`` (or ``S3Store(url, endpoint_url=…)``);
+``put_if_absent`` is a PUT with ``IfNoneMatch='*'``.
+
 Usage::
 
-    store = open_store("s3://bucket/runs/demo")          # or S3Store("s3://bucket/runs/demo", endpoint_url=…)
-    store.put("experience/w0/000001.rxp", data)          # one PUT (multipart above multipart_threshold)
-    if store.put_if_absent("params/000000000007.rpm", blob): ...   # IfNoneMatch='*'
-    for key in store.list("experience/"):                # paginated, sorted, relative to the prefix
-        data = store.get(key)
-        store.delete(key)
-    print(store.describe())                               # s3://bucket/runs/demo @ http://127.0.0.1:9000
+    >>> from rapid.infra.store import open_store
+    >>> from moto import mock_aws                        # an in-process S3 for this example (a test dependency)
+    >>> s3 = mock_aws()
+    >>> s3.start()
+    >>> store = open_store("s3://bucket/runs/demo", region="us-east-1", create_bucket=True)   # or S3Store(…)
+    >>> store.put("experience/w0/000001.rxp", b"rows")   # one PUT (multipart above multipart_threshold)
+    >>> store.put_if_absent("params/000000000007.rpm", b"v7"), store.put_if_absent("params/000000000007.rpm", b"x")
+    (True, False)
+    >>> for key in store.list("experience/"):           # paginated, sorted, relative to the prefix
+    ...     data = store.get(key)
+    ...     store.delete(key)
+    >>> data, store.list("")
+    (b'rows', ['params/000000000007.rpm'])
+    >>> print(store.describe())                          # e.g. s3://bucket/runs/demo @ http://127.0.0.1:9000
+    s3://bucket/runs/demo @ ...
+    >>> s3.stop()
 
 Endpoint, region and credentials come from the standard AWS mechanisms (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, instance roles…); the keyword arguments
