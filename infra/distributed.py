@@ -1,16 +1,25 @@
 """MPI start-up and torch.distributed collectives for optimizer ranks.
 
-Usage (an MPI entry point, e.g. ``mpiexec -n 4 rapid-optimizer …``)::
+The same code is an MPI entry point (e.g. ``mpiexec -n 4 rapid-optimizer …``) with ``identity =
+detect_identity()``; the example runs it as the one rank of its own job.
 
-    identity = detect_identity()                     # rank, size, local rank from mpi4py (or env, or 0 of 1)
-    with abort_on_error(identity):                   # any exception: one line on stderr, then MPI Abort
-        with init_process_group(identity) as dist:   # rank 0 picks tcp://host:port, broadcasts it by MPI
-            dist.broadcast_parameters(model)         # every rank starts from rank 0's weights
-            for batch in batches:
-                loss(model, batch).backward()
-                dist.all_reduce_gradients(model.parameters())   # bucketed SUM / size, in torch.distributed
-                optimizer.step()
-                stats = dist.all_reduce_scalars({"loss": loss_value})   # means over ranks
+Usage::
+
+    >>> import torch
+    >>> identity = ALONE                             # in a job: detect_identity() (mpi4py, or env, or 0 of 1)
+    >>> model = torch.nn.Linear(2, 1)
+    >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> with abort_on_error(identity):               # any exception: one line on stderr, then MPI Abort
+    ...     with init_process_group(identity, backend="gloo") as dist:   # rank 0 picks tcp://host:port
+    ...         dist.broadcast_parameters(model)     # every rank starts from rank 0's weights
+    ...         for batch in [torch.ones(4, 2)]:
+    ...             loss = model(batch).pow(2).mean()
+    ...             loss.backward()
+    ...             dist.all_reduce_gradients(model.parameters())    # bucketed SUM / size, in torch.distributed
+    ...             optimizer.step()
+    ...             stats = dist.all_reduce_scalars({"loss": loss.item(), "samples": 4})   # means over ranks
+    >>> dist.rank, dist.size, stats["samples"]       # one rank: no process group, the collectives change nothing
+    (0, 1, 4.0)
 
 MPI is used only for identity and the one rendezvous broadcast: MPICH ranks waiting inside an MPI call
 spin on the CPU, so every heavy collective goes through torch.distributed (NCCL on CUDA, gloo on CPU).
