@@ -14,10 +14,6 @@ import pytest
 # folders of their own, so each is walked from its own path.
 ROOTS = ("rapid", "rapid.envs", "rapid.opt", "rapid.infra", "rapid.monitoring")
 
-# Modules whose ``Usage::`` block is still prose, not examples: owned by other open work at the time of writing
-# and converted after it merges. Remove a name as its block becomes ``>>>`` examples.
-USAGE_NOT_YET_RUNNABLE: set[str] = set()
-
 # A literal block introduced by a line ending in "Usage…::" whose first line is not a ">>>" example.
 PROSE_USAGE = re.compile(r"Usage[^\n]*::\n\s*\n(?!\s*>>>)")
 
@@ -51,7 +47,4 @@ def test_doctests(name):
 @pytest.mark.parametrize("name", MODULES)
 def test_usage_blocks_are_examples(name):
     source = inspect.getsource(importlib.import_module(name))
-    if name in USAGE_NOT_YET_RUNNABLE:
-        assert PROSE_USAGE.search(source), f"{name} has runnable examples now: remove it from the allow-list"
-    else:
-        assert not PROSE_USAGE.search(source), f"{name}: a Usage:: block that is not >>> examples"
+    assert not PROSE_USAGE.search(source), f"{name}: a Usage:: block that is not >>> examples"
