@@ -155,7 +155,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
     agree = Agreement(ctx, lead)
     rng = np.random.default_rng(cfg.run.seed + 7919 * rank.rank)
     started, last_publish = time.time(), time.monotonic()
-    last_ckpt_updates = updates
+    last_ckpt_updates = published_updates = updates
     failed_in_row, exit_code = 0, 0
     try:
         while True:
@@ -175,6 +175,11 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
                    else (updates + 1) % cfg.optimizer.publish_every == 0)
             leave, publish = agree.decide(bool(stop) or batch is None, due)
             if leave:
+                if updates > published_updates:  # so the final checkpoint holds a published version
+                    version += 1
+                    if lead:
+                        _publish(writer, params, league, policy.tensors(), version, updates, stop, log)
+                    report.version(version)
                 break
             arrays, staleness = batch
             wait_s = time.perf_counter() - t_wait
@@ -183,6 +188,8 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
             try:
                 stats = learner.update(arrays)
             except Exception as e:
+                if ctx is not None:  # the other ranks wait in this update's all-reduce: end the job instead
+                    raise
                 report.update_failed(e)
                 failed_in_row += 1
                 if failed_in_row >= MAX_FAILED_IN_ROW:
@@ -202,7 +209,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
             if publish:
                 version += 1
                 pos.version = version
-                last_publish = time.monotonic()
+                last_publish, published_updates = time.monotonic(), updates
                 if lead:
                     _publish(writer, params, league, policy.tensors(), version, updates, stop, log)
                 report.version(version)
