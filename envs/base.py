@@ -48,6 +48,9 @@ class EnvSpec:
     agent_names: tuple[str, ...] = ()
     seconds_per_step: float = 1.0
     """Game time one step covers; turns the discount horizon in seconds into gamma."""
+    grid: tuple[int, int, int] | None = None
+    """(height, width, channels) when every agent's observation is one channels-last grid (a board, an image),
+    flattened: the policy may encode it with convolutions."""
 
     @property
     def mask_dim(self) -> int:

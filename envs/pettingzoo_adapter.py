@@ -72,6 +72,18 @@ def _heads(space: spaces.Space, agent: str) -> tuple[int, ...]:
     raise ValueError(f"agent {agent}: action space {space} is not Discrete or MultiDiscrete")
 
 
+def grid_of(obs_spaces: list[spaces.Space]) -> tuple[int, int, int] | None:
+    """(height, width, channels) when every agent observes one channels-last grid of at least 3 × 3 cells
+    (PettingZoo's board games and images are laid out so), else None."""
+    shapes = {tuple(getattr(s, "shape", None) or ()) for s in obs_spaces}
+    if len(shapes) != 1:
+        return None
+    shape = shapes.pop()
+    if len(shape) != 3 or min(shape[:2]) < 3:
+        return None
+    return tuple(int(n) for n in shape)
+
+
 def split_sides(agents: list[str]) -> tuple[int, ...]:
     if len(agents) == 2:
         return (0, 1)
@@ -111,7 +123,7 @@ class PettingZooVecEnv(VecMultiAgentEnv):
         self.spec = EnvSpec(
             name=path, num_agents=len(agents), obs_dim=max(self.obs_sizes), action_heads=heads,
             side_of_agent=split_sides(agents), agent_names=tuple(agents),
-            seconds_per_step=1.0 if self.parallel else 1.0 / len(agents),
+            seconds_per_step=1.0 if self.parallel else 1.0 / len(agents), grid=grid_of(obs_spaces),
         )
         self.offsets = head_offsets(heads)
         self._episode = np.zeros(num_games, dtype=np.int64)

@@ -28,7 +28,10 @@ def check_unit(errors: list[str], where: str, value) -> None:
 @dataclass
 class PPOConfig:
     lr: float = 3e-4
-    """Adam learning rate."""
+    """Adam learning rate at the start of the run."""
+    lr_final: float = -1.0
+    """Learning rate at the end of the run's budget (run.minutes or run.updates), linearly (negative: lr
+    throughout; so too in a run without a budget)."""
     clip: float = 0.2
     """PPO ratio clip."""
     gae_lambda: float = 0.95
@@ -42,9 +45,7 @@ class PPOConfig:
     entropy_coef: float = 0.01
     """Entropy bonus at the start of training."""
     entropy_final: float = -1.0
-    """Entropy bonus at entropy_anneal_updates, linearly (negative: same as entropy_coef)."""
-    entropy_anneal_updates: int = 0
-    """Updates over which the entropy bonus moves to entropy_final (0: constant)."""
+    """Entropy bonus at the end of the run's budget, linearly (negative: entropy_coef throughout)."""
     max_grad_norm: float = 5.0
     """Gradients are clipped to this global norm."""
     adam_beta1: float = 0.9
@@ -75,7 +76,6 @@ class PPOConfig:
         check_positive(e, "ppo.value_coef", self.value_coef, allow_zero=True)
         check_positive(e, "ppo.value_clip", self.value_clip, allow_zero=True)
         check_positive(e, "ppo.entropy_coef", self.entropy_coef, allow_zero=True)
-        check_positive(e, "ppo.entropy_anneal_updates", self.entropy_anneal_updates, allow_zero=True)
         check_positive(e, "ppo.max_grad_norm", self.max_grad_norm)
         for key in ("adam_beta1", "adam_beta2"):
             value = getattr(self, key)

@@ -72,9 +72,11 @@ class Learner:
         self.updates = 0
         self.skipped = 0
 
-    def entropy_coef(self) -> float:
+    def schedule(self, progress: float) -> tuple[float, float]:
+        """(learning rate, entropy bonus) when ``progress`` (0 to 1) of the run's budget is done."""
         s = self.ppo
-        return losses.linear_schedule(s.entropy_coef, s.entropy_final, s.entropy_anneal_updates, self.updates)
+        return (losses.linear_schedule(s.lr, s.lr_final, progress),
+                losses.linear_schedule(s.entropy_coef, s.entropy_final, progress))
 
     def stage(self, batch: dict[str, np.ndarray | torch.Tensor]) -> dict[str, torch.Tensor]:
         """The batch on the learner's device, copied once (from pinned memory, asynchronously, on CUDA).
@@ -103,7 +105,9 @@ class Learner:
             return finite
         return self.all_reduce_scalars({"nonfinite": float(not finite)})["nonfinite"] == 0.0
 
-    def update(self, batch: dict[str, np.ndarray | torch.Tensor]) -> dict[str, float]:
+    def update(self, batch: dict[str, np.ndarray | torch.Tensor], progress: float = 0.0) -> dict[str, float]:
+        """One step on ``batch``; ``progress`` (the share of the run's budget done) sets the learning rate and
+        the entropy bonus."""
         s = self.ppo
         t0 = time.perf_counter()
         b = self.stage(batch)
@@ -124,7 +128,9 @@ class Learner:
         total, own_total = adv_sums[0].float(), ret_sums[0].float()
         adv = losses.normalize_advantages(b["advantages"], active, adv_sums)
         scale = policy.return_scale.float()
-        ent_coef = self.entropy_coef()
+        lr, ent_coef = self.schedule(progress)
+        for group in self.adam.param_groups:
+            group["lr"] = lr
         S = b["obs"].shape[0]
         chunk = self.microbatch_samples or S
         # Where games start inside samples, read from the host's copy (if any): the device need not wait for it.
@@ -178,7 +184,7 @@ class Learner:
         ev = losses.explained_variance(torch.cat(values) * scale, b["returns"], own)
         figures = torch.cat([diag, grad_norm.reshape(1).float(), ev.reshape(1).float()]).tolist()
         stats = dict(zip((*DIAGNOSTICS, "grad_norm", "explained_variance"), figures))
-        return {**stats, "entropy_coef": ent_coef, "lr": s.lr, "skipped": float(not finite),
+        return {**stats, "entropy_coef": ent_coef, "lr": lr, "skipped": float(not finite),
                 "update_s": time.perf_counter() - t0, "forward_s": t_forward, "backward_s": t_backward,
                 "allreduce_s": t_allreduce, "step_s": time.perf_counter() - ta}
 

@@ -140,8 +140,9 @@ def _mean_var(x: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, tor
     return n, mean, (s2 / n.clamp(min=1.0) - mean * mean).clamp(min=0.0)
 
 
-def linear_schedule(start: float, end: float, steps: int, step: int) -> float:
-    if steps <= 0 or end < 0:
+def linear_schedule(start: float, end: float, progress: float) -> float:
+    """``start`` moved linearly to ``end`` as ``progress`` goes from 0 to 1 (held after); a negative ``end``
+    means no schedule."""
+    if end < 0:
         return start
-    frac = min(1.0, step / steps)
-    return start + frac * (end - start)
+    return start + min(1.0, max(0.0, progress)) * (end - start)

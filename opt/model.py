@@ -15,6 +15,7 @@ Training (the learner; BPTT over samples of T steps from each sample's stored in
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,11 +28,15 @@ NEG_INF = -1e9
 
 
 class RunningNorm(nn.Module):
-    """Running mean/variance (Chan et al. parallel update), applied as a clipped z-score."""
+    """Running mean/variance (Chan et al. parallel update), applied as a clipped z-score.
 
-    def __init__(self, dim: int, clip: float):
+    With ``channels`` (a channels-last grid flattened, dim = cells × channels) the statistics are kept per
+    feature but applied pooled per channel: a pattern scales alike on every cell, as convolutions need."""
+
+    def __init__(self, dim: int, clip: float, channels: int = 0):
         super().__init__()
         self.clip = clip
+        self.channels = channels
         self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
         self.register_buffer("var", torch.ones(dim, dtype=torch.float64))
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
@@ -56,8 +61,20 @@ class RunningNorm(nn.Module):
         self.mean.copy_(mean)
         self.var.copy_(var)
 
+    def applied(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, var) per feature as applied: pooled over the cells of each channel for a grid (every cell has
+        the same count, so the pooled moments are exact)."""
+        if not self.channels:
+            return self.mean, self.var
+        mean, var = self.mean.view(-1, self.channels), self.var.view(-1, self.channels)
+        pooled_mean = mean.mean(0)
+        pooled_var = (var + (mean - pooled_mean) ** 2).mean(0)
+        cells = mean.shape[0]
+        return pooled_mean.repeat(cells), pooled_var.repeat(cells)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = (x - self.mean.float()) / (self.var.float().sqrt() + 1e-8)
+        mean, var = self.applied()
+        z = (x - mean.float()) / (var.float().sqrt() + 1e-8)
         return z.clamp(-self.clip, self.clip)
 
 
@@ -117,17 +134,48 @@ class ResetFreeRuns:
 _OLD_NAMES = {f"lstm.{kind}": f"lstm.{kind}_l0" for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
 
 
+class GridInput(nn.Module):
+    """Flat channels-last observations [N, H·W·C] as images [N, C, H, W] for the convolutions."""
+
+    def __init__(self, grid: tuple[int, int, int]):
+        super().__init__()
+        self.grid = tuple(int(n) for n in grid)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(-1, *self.grid).permute(0, 3, 1, 2)
+
+
+def conv_layers(grid: tuple[int, int, int], channels: tuple[int, ...]) -> tuple[list[nn.Module], int]:
+    """3×3 same-padded convolutions with ReLU over a grid, flattened: (layers, output size). Weights are shared
+    over the cells, so a pattern learnt in one place of a board is known everywhere."""
+    height, width, size = grid
+    layers: list[nn.Module] = [GridInput(grid)]
+    for out in channels:
+        layers += [nn.Conv2d(size, out, 3, padding=1), nn.ReLU()]
+        size = out
+    return layers + [nn.Flatten()], size * height * width
+
+
 class Policy(nn.Module):
+    """``grid`` (height, width, channels) with ``conv_channels``: the observation is a flattened channels-last
+    grid, encoded by convolutions before the fully connected layers."""
+
     def __init__(self, obs_dim: int, action_heads: tuple[int, ...], hidden: int = 128, encoder_layers: int = 2,
-                 lstm: int = 128, obs_clip: float = 5.0):
+                 lstm: int = 128, obs_clip: float = 5.0, grid: tuple[int, int, int] | None = None,
+                 conv_channels: tuple[int, ...] = ()):
         super().__init__()
         self.obs_dim = obs_dim
         self.action_heads = tuple(int(n) for n in action_heads)
         self.lstm_size = lstm
-        self.obs_norm = RunningNorm(obs_dim, obs_clip)
+        convolve = bool(grid and conv_channels)
+        if convolve and math.prod(grid) != obs_dim:
+            raise ValueError(f"grid {grid} does not hold {obs_dim} observation values")
+        self.obs_norm = RunningNorm(obs_dim, obs_clip, channels=grid[2] if convolve else 0)
         self.register_buffer("return_scale", torch.ones((), dtype=torch.float64))
         layers: list[nn.Module] = []
         size = obs_dim
+        if convolve:
+            layers, size = conv_layers(grid, tuple(conv_channels))
         for _ in range(encoder_layers):
             layers += [nn.Linear(size, hidden), nn.ReLU()]
             size = hidden
@@ -184,7 +232,7 @@ class Policy(nn.Module):
         """
         S, T = obs.shape[:2]
         runs = ResetFreeRuns.of(first.cpu().numpy()).to(obs.device) if runs is None else runs
-        x = self.encoder(self.obs_norm(obs))
+        x = self.encoder(self.obs_norm(obs).reshape(S * T, -1)).reshape(S, T, -1)
         keep = (~first[:, 0]).unsqueeze(-1).to(h0.dtype)
         h0, c0 = h0 * keep, c0 * keep
         if runs.gather is None:

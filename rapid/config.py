@@ -15,6 +15,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import typing
@@ -67,6 +68,9 @@ class ModelConfig:
     """Width of the observation encoder's layers."""
     encoder_layers: int = 2
     """Fully connected layers before the LSTM."""
+    conv_channels: list[int] = field(default_factory=lambda: [16, 32])
+    """Channels of the 3×3 convolutions that encode a grid observation (board games, images: the env says
+    so) before the fully connected layers; empty: fully connected only. Other envs ignore it."""
     lstm: int = 128
     """LSTM hidden size (per agent)."""
 
@@ -243,6 +247,10 @@ def _nest(keys: list[str], value: Any) -> dict:
     return value
 
 
+RETIRED = {("ppo", "entropy_anneal_updates"): "the schedules follow the run's budget (ppo.entropy_final)"}
+"""Keys earlier versions wrote into run dirs' config.toml: those runs still resume and evaluate."""
+
+
 def build_config(data: dict[str, Any]) -> Config:
     """A Config from a plain dict (TOML shape), listing every unknown key and bad type at once."""
     errors: list[str] = []
@@ -256,6 +264,9 @@ def build_config(data: dict[str, Any]) -> Config:
         hints = typing.get_type_hints(cls)
         kwargs = {}
         for key, value in given.items():
+            if (name, key) in RETIRED:
+                logging.getLogger(__name__).warning("%s.%s is ignored: %s", name, key, RETIRED[name, key])
+                continue
             if key not in hints:
                 errors.append(f"{name}.{key}: unknown key")
                 continue
@@ -357,6 +368,8 @@ def validate(cfg: Config) -> list[str]:
     _positive(e, "env.num_games", cfg.env.num_games)
     for key in ("hidden", "encoder_layers", "lstm"):
         _positive(e, f"model.{key}", getattr(cfg.model, key))
+    if not all(isinstance(n, int) and n > 0 for n in cfg.model.conv_channels):
+        e.append(f"model.conv_channels must be positive integers (got {cfg.model.conv_channels})")
     e += cfg.ppo.errors()
     r = cfg.rollout
     _positive(e, "rollout.bptt", r.bptt)

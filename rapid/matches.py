@@ -149,6 +149,9 @@ def load_policy(cfg: Config, spec: EnvSpec, params: ParameterStore, version: int
         policy.load_tensors(params.fetch(version).tensors)
     except KeyNotFound:
         raise UsageError(f"parameter version {version} is not in the store") from None
+    except ValueError as e:
+        raise UsageError(f"parameter version {version} does not fit this config's model ({e}): was it trained "
+                         "with other model settings?") from None
     policy.eval()
     return policy
 

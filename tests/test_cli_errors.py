@@ -10,9 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from rapid.config import Config, ModelConfig, to_toml
+from rapid.envs.registry import make_env
 from rapid.infra.store import LocalStore
 from rapid.league.pool import League
 from rapid.league.state import ensure_bots
+from rapid.param_store import ParameterStore
+from rapid.roles.startup import build_policy
 
 BIN = Path(sys.executable).parent
 
@@ -38,6 +42,7 @@ CASES = {
     "not an int": (["rapid", "train", "--workers", "many"], "--workers"),
     "optimizer unknown flag": (["rapid-optimizer", "--resumed"], "--resumed"),
     "bad choice": (["rapid", "config", "shw"], "shw"),
+    "params of another model": (["rapid", "eval", "--run-dir", "{tmp}/run", "--games", "2"], "model settings"),
 }
 
 
@@ -46,6 +51,11 @@ def workdir(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("cli")
     (tmp / "latin1.toml").write_bytes('[run]\nname = "caf\xe9"\n'.encode("latin-1"))
     League(LocalStore(tmp / "store")).update(lambda s: ensure_bots(s, ["bot:random"], 0.0))
+    # A run whose config.toml no longer matches its published weights (trained without convolutions).
+    fully_connected = Config(model=ModelConfig(conv_channels=[]))
+    policy = build_policy(fully_connected, make_env(fully_connected.env.name, num_games=1).spec)
+    ParameterStore(LocalStore(tmp / "run" / "store")).publish(1, policy.tensors())
+    (tmp / "run" / "config.toml").write_text(to_toml(Config()))
     return tmp
 
 

@@ -57,6 +57,21 @@ def test_waiting_steps_train_the_value_but_not_the_policy():
     assert s1["policy_loss"] == pytest.approx(s2["policy_loss"], rel=1e-6)
 
 
+def test_learning_rate_and_entropy_bonus_follow_the_runs_progress():
+    """The step Adam takes is the scheduled learning rate's: halfway through an annealed run, half the step."""
+    batch = played_batch(make_policy(), seed=2)
+    steps = {}
+    for progress in (0.0, 0.5, 1.0):
+        learner = Learner(make_policy(), PPOConfig(lr=1e-3, lr_final=0.0, entropy_coef=0.02, entropy_final=0.0,
+                                                      normalize_returns=False))
+        before = [p.detach().clone() for p in learner.params]
+        stats = learner.update(batch, progress=progress)
+        assert stats["lr"] == pytest.approx(1e-3 * (1 - progress))
+        assert stats["entropy_coef"] == pytest.approx(0.02 * (1 - progress))
+        steps[progress] = max((p.detach() - b).abs().max().item() for p, b in zip(learner.params, before))
+    assert steps[0.5] == pytest.approx(steps[0.0] / 2, rel=0.05) and steps[1.0] == 0.0
+
+
 def test_microbatches_do_not_change_the_gradient():
     batch = played_batch(make_policy(), S=12, seed=2)
     batch["active"][:4] = False                # chunks with very different numbers of learner steps

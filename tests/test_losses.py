@@ -302,9 +302,9 @@ def test_shifted_sums_of_two_ranks_give_pooled_moments():
 
 
 def test_linear_schedule():
-    assert losses.linear_schedule(1.0, 0.0, 10, 0) == 1.0
-    assert losses.linear_schedule(1.0, 0.0, 10, 5) == pytest.approx(0.5)
-    assert losses.linear_schedule(1.0, 0.0, 10, 10) == pytest.approx(0.0)
-    assert losses.linear_schedule(1.0, 0.0, 10, 50) == pytest.approx(0.0)  # held at the end
-    assert losses.linear_schedule(0.01, -1.0, 10, 5) == 0.01  # negative end: constant
-    assert losses.linear_schedule(0.01, 0.0, 0, 5) == 0.01   # no annealing steps: constant
+    assert losses.linear_schedule(1.0, 0.0, 0.0) == 1.0
+    assert losses.linear_schedule(1.0, 0.0, 0.5) == pytest.approx(0.5)
+    assert losses.linear_schedule(1.0, 0.0, 1.0) == pytest.approx(0.0)
+    assert losses.linear_schedule(1.0, 0.0, 5.0) == pytest.approx(0.0)  # held at the end
+    assert losses.linear_schedule(1e-3, 2e-3, 0.5) == pytest.approx(1.5e-3)  # a warm-up too
+    assert losses.linear_schedule(0.01, -1.0, 0.5) == 0.01  # negative end: constant

@@ -41,9 +41,10 @@ def random_mask(rng, n):
     return mask
 
 
-def test_evaluate_reproduces_act_with_game_start_inside_sample():
+@pytest.mark.parametrize("grid", [None, (3, 2, 1)], ids=["fully-connected", "convolutions"])
+def test_evaluate_reproduces_act_with_game_start_inside_sample(grid):
     rng = np.random.default_rng(0)
-    policy = make_policy()
+    policy = make_policy(grid=grid, conv_channels=(4, 5) if grid else ())
     S, T = 5, 7
     obs = torch.from_numpy(rng.normal(size=(S, T, OBS)).astype(np.float32) * 2)
     mask = torch.from_numpy(np.stack([random_mask(rng, S) for _ in range(T)], 1))
@@ -175,6 +176,26 @@ def test_running_norm_matches_numpy_over_several_updates():
     x3 = rng.normal(size=(3, 5, 4))
     norm2.update(torch.from_numpy(x3))
     np.testing.assert_allclose(norm2.mean.numpy(), x3.reshape(-1, 4).mean(0), rtol=1e-4, atol=1e-4)
+
+
+def test_grid_normalizer_scales_every_cell_of_a_channel_alike():
+    """Statistics are kept per feature (ranks pool them exactly) but applied pooled per channel, so a piece
+    on a rare cell is not scaled up against one on a common cell; the pooled moments are exact."""
+    rng = np.random.default_rng(3)
+    cells, channels = 12, 2
+    x = (rng.random((500, cells, channels)) < np.linspace(0.05, 0.9, cells)[None, :, None]).astype(np.float32)
+    x[..., 1] *= 3.0
+    norm = RunningNorm(cells * channels, clip=50.0, channels=channels)
+    norm.update(torch.from_numpy(x.reshape(500, -1)))
+    z = norm(torch.from_numpy(x.reshape(500, -1))).numpy().reshape(500, cells, channels)
+    for c in range(channels):
+        flat = x[..., c].ravel()
+        expected = (x[..., c] - flat.mean()) / np.sqrt(flat.var())
+        np.testing.assert_allclose(z[..., c], expected, rtol=1e-3, atol=1e-3)
+    per_feature = RunningNorm(cells * channels, clip=50.0)
+    per_feature.update(torch.from_numpy(x.reshape(500, -1)))
+    one_piece = torch.from_numpy(np.tile([1.0, 0.0], cells).astype(np.float32))[None]
+    assert float(norm(one_piece)[0, ::2].std()) < 1e-6 < float(per_feature(one_piece)[0, ::2].std())
 
 
 def test_tensors_round_trip_and_mismatches():

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gymnasium import spaces
 
 from rapid.envs.base import RandomBot
-from rapid.envs.pettingzoo_adapter import PettingZooVecEnv, split_sides
+from rapid.envs.pettingzoo_adapter import PettingZooVecEnv, grid_of, split_sides
 
 TINY = "tests.pz_tiny_parallel"
 
@@ -201,3 +202,14 @@ def test_turn_based_discount_is_per_round():
     assert env.spec.seconds_per_step == 0.5
     assert PettingZooVecEnv(TINY_AEC, num_games=1).spec.seconds_per_step == 1 / 3
     assert PettingZooVecEnv(TINY, num_games=1).spec.seconds_per_step == 1.0
+
+
+def test_a_board_observation_is_a_grid_for_the_convolutions():
+    board = PettingZooVecEnv("pettingzoo.classic.connect_four_v3", num_games=1)
+    assert board.spec.grid == (6, 7, 2) and board.spec.obs_dim == 84
+    box = lambda *shape: spaces.Box(0, 1, shape)  # noqa: E731
+    assert grid_of([box(8, 8, 3), box(8, 8, 3)]) == (8, 8, 3)
+    assert grid_of([box(24)]) is None                       # features, not a grid
+    assert grid_of([box(4, 52)]) is None                    # a 2-D table (gin rummy's hands)
+    assert grid_of([box(2, 9, 3)]) is None                  # too narrow to convolve
+    assert grid_of([box(8, 8, 3), box(8, 8, 4)]) is None    # agents see different shapes

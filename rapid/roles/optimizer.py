@@ -87,6 +87,19 @@ def balance_settings(cfg: Config) -> BalanceSettings:
     return BalanceSettings(o.batch_samples, hi, o.target_reuse, interval, multiple)
 
 
+def run_progress(cfg: Config, elapsed_s: float, updates: int) -> float:
+    """The share of the run's budget done: of run.minutes or run.updates, whichever is further along (0 without
+    a budget). The learning-rate and entropy schedules follow it.
+
+    >>> from rapid.config import RunConfig
+    >>> run_progress(Config(run=RunConfig(minutes=5.0, updates=1000)), elapsed_s=60.0, updates=500)
+    0.5
+    """
+    done = [elapsed_s / (60.0 * cfg.run.minutes)] if cfg.run.minutes else []
+    done += [updates / cfg.run.updates] if cfg.run.updates else []
+    return min(1.0, max(done, default=0.0))
+
+
 def decode_workers(cfg: Config) -> int:
     n = cfg.optimizer.decode_workers
     return auto_workers() if n < 0 else n
@@ -186,7 +199,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
             # 2. update: one bad batch is skipped, never the end of the job
             t_update = time.perf_counter()
             try:
-                stats = learner.update(arrays)
+                stats = learner.update(arrays, run_progress(cfg, time.time() - started, updates))
             except Exception as e:
                 if ctx is not None:  # the other ranks wait in this update's all-reduce: end the job instead
                     raise

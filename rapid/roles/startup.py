@@ -58,7 +58,8 @@ def build_policy(cfg: Config, spec: EnvSpec, tensors: dict | None = None):
     from rapid.opt.model import Policy
 
     policy = Policy(spec.obs_dim, spec.action_heads, hidden=cfg.model.hidden,
-                    encoder_layers=cfg.model.encoder_layers, lstm=cfg.model.lstm, obs_clip=cfg.ppo.obs_clip)
+                    encoder_layers=cfg.model.encoder_layers, lstm=cfg.model.lstm, obs_clip=cfg.ppo.obs_clip,
+                    grid=spec.grid, conv_channels=tuple(cfg.model.conv_channels))
     if tensors is not None:
         policy.load_tensors(tensors)
         policy.eval()
