@@ -58,7 +58,7 @@ def kill_group(proc: subprocess.Popen) -> None:
 def check_beats_random(run: Path, started: float, out: subprocess.CompletedProcess, within_s: float) -> None:
     """The learning check of a Connect Four run of `rapid train` with ``run.target_win_rate=0.9``: ≥ 90% wins
     against uniform random over ≥ 200 games within ``within_s`` of ``started``, the run stopped by that target,
-    and an independent evaluation of that version, with other seeds, confirms it is no fluke."""
+    and independent evaluations of that version, with other seeds, sampling and greedy, confirm it is no fluke."""
     evals = [e for e in read_jsonl(run / "logs" / "eval.jsonl") if e.get("opponent") == "random"]
     curve = [(round(e["time"] - started), e["version"], e["win_rate"]) for e in evals]
     print("win-rate curve (s, version, win rate):", curve)
@@ -66,7 +66,8 @@ def check_beats_random(run: Path, started: float, out: subprocess.CompletedProce
     assert reached, f"never reached 90% vs random: {curve}\n{out.stdout[-2000:]}"
     assert reached[0]["time"] - started <= within_s
     assert "target win rate 0.9 reached" in out.stdout
-    check = rapid("eval", "--run-dir", str(run), "--version", str(reached[0]["version"]), "--against", "random",
-                  "--games", "400", "--seed", "777")
-    win_rate = float(check.stdout.split("win rate ")[1].split()[0])
-    assert win_rate >= 0.8, check.stdout
+    for greedy in ([], ["--greedy"]):  # as trained, and as the benchmark plays it (most likely moves)
+        check = rapid("eval", "--run-dir", str(run), "--version", str(reached[0]["version"]), "--against", "random",
+                      "--games", "400", "--seed", "777", *greedy)
+        win_rate = float(check.stdout.split("win rate ")[1].split()[0])
+        assert win_rate >= 0.8, check.stdout
