@@ -48,6 +48,48 @@ def curve(run_dir: Path, started: float, opponent: str) -> list[tuple[float, int
             if r.get("opponent") == opponent]
 
 
+def tactics(run_dir: Path, games: int) -> str:
+    """How often the greedy latest policy misses a move that wins at once, or one it must make to block the
+    opponent's immediate win, over ``games`` games against the lookahead bot (any two-player board game)."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from rapid.config import load_config
+    from rapid.envs.board_bots import blocking_moves, winning_moves
+    from rapid.envs.registry import make_env
+    from rapid.infra.store import LocalStore
+    from rapid.matches import make_player
+    from rapid.param_store import ParameterStore
+
+    cfg = load_config(str(run_dir / "config.toml"), [])
+    env = make_env(cfg.env.name, num_games=min(games, 100))
+    params = ParameterStore(LocalStore(run_dir / "store"))
+    policy = make_player("latest", cfg, env, params, greedy=True)
+    bot = make_player("bot:lookahead", cfg, env, params, seed=3)
+    names, sides = env.spec.agent_names, np.asarray(env.spec.side_of_agent)
+    side = np.arange(env.num_games) % 2
+    count = dict(wins=0, missed_wins=0, blocks=0, missed_blocks=0)
+    step, played = env.reset(seed=1), 0
+    while played < games:
+        mine = sides[None, :] == side[:, None]
+        acts = policy.act(replace(step, active=step.active & mine))
+        for b, i in zip(*np.nonzero(step.active & mine)):
+            game, legal, move = env.games[b].unwrapped, np.flatnonzero(step.action_mask[b, i]), int(acts[b, i, 0])
+            wins = winning_moves(game, names[i], legal)
+            blocks = [] if wins else blocking_moves(game, names[i], legal)
+            for kind, moves in (("wins", wins), ("blocks", blocks)):
+                if moves:
+                    count[kind] += 1
+                    count[f"missed_{kind}"] += move not in moves
+        step = env.step(np.where(mine[..., None], acts, bot.act(replace(step, active=step.active & ~mine))))
+        for ep in step.episodes:
+            played += 1
+            side[ep.game] = 1 - side[ep.game]
+    return (f"missed {count['missed_wins']} of {count['wins']} immediate wins, {count['missed_blocks']} of "
+            f"{count['blocks']} needed blocks (greedy, {games} games against the lookahead bot)")
+
+
 def bench_c4(out: Path, minutes: float, games: int, name: str, overrides: list[str]) -> None:
     run = out / name
     print(f"[{name}] training connect four {minutes:g} min ({load()}) {' '.join(overrides)}", flush=True)
@@ -55,6 +97,7 @@ def bench_c4(out: Path, minutes: float, games: int, name: str, overrides: list[s
     print(f"[{name}] trained ({load()})", flush=True)
     for against in ("bot:random", "bot:lookahead"):
         print(f"[{name}] {evaluate(run, against, games)} ({load()})", flush=True)
+    print(f"[{name}] {tactics(run, 300)}", flush=True)
 
 
 def plot_curves(curves: dict[str, list[tuple[float, int, float]]], opponent: str, png: Path) -> None:

@@ -78,11 +78,14 @@ def wins_at_once(game: Any, agent: str, move: int) -> bool:
     return bool(twin.terminations.get(agent)) and twin.rewards.get(agent, 0) > 0
 
 
-def lookahead_move(game: Any, agent: str, legal: np.ndarray, rng: np.random.Generator) -> int:
-    """The one-step-lookahead choice of ``agent`` among its ``legal`` moves in ``game`` (a raw AEC env)."""
-    winning = [m for m in legal if wins_at_once(game, agent, m)]
-    if winning:
-        return int(rng.choice(winning))
+def winning_moves(game: Any, agent: str, legal: np.ndarray) -> list[int]:
+    """The moves among ``legal`` with which ``agent`` wins at once in ``game`` (a raw AEC env)."""
+    return [int(m) for m in legal if wins_at_once(game, agent, m)]
+
+
+def blocking_moves(game: Any, agent: str, legal: np.ndarray) -> list[int]:
+    """The moves among ``agent``'s ``legal`` ones with which another player in the game would win at once, were
+    it to move now: the cells ``agent`` must take to block."""
     blocks: set[int] = set()
     own = set(int(m) for m in legal)
     for other in game.agents:
@@ -93,8 +96,14 @@ def lookahead_move(game: Any, agent: str, legal: np.ndarray, rng: np.random.Gene
         theirs = _legal(view, other)
         candidates = legal if theirs is None else [m for m in theirs if int(m) in own]
         blocks.update(int(m) for m in candidates if wins_at_once(game, other, m))
-    if blocks:
-        return int(rng.choice(sorted(blocks)))
+    return sorted(blocks)
+
+
+def lookahead_move(game: Any, agent: str, legal: np.ndarray, rng: np.random.Generator) -> int:
+    """The one-step-lookahead choice of ``agent`` among its ``legal`` moves in ``game`` (a raw AEC env)."""
+    for moves in (winning_moves(game, agent, legal), blocking_moves(game, agent, legal)):
+        if moves:
+            return int(rng.choice(moves))
     return int(rng.choice(legal))
 
 
