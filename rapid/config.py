@@ -68,9 +68,10 @@ class ModelConfig:
     """Width of the observation encoder's layers."""
     encoder_layers: int = 2
     """Fully connected layers before the LSTM."""
-    conv_channels: list[int] = field(default_factory=lambda: [16, 32])
+    conv_channels: list[int] = field(default_factory=list)
     """Channels of the 3×3 convolutions that encode a grid observation (board games, images: the env says
-    so) before the fully connected layers; empty: fully connected only. Other envs ignore it."""
+    so) before the fully connected layers; other envs ignore it. Empty: fully connected only (as every run
+    before this option, so their run dirs still resume); configs/default.toml uses [16, 32]."""
     lstm: int = 128
     """LSTM hidden size (per agent)."""
 

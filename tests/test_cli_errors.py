@@ -52,10 +52,10 @@ def workdir(tmp_path_factory) -> Path:
     (tmp / "latin1.toml").write_bytes('[run]\nname = "caf\xe9"\n'.encode("latin-1"))
     League(LocalStore(tmp / "store")).update(lambda s: ensure_bots(s, ["bot:random"], 0.0))
     # A run whose config.toml no longer matches its published weights (trained without convolutions).
-    fully_connected = Config(model=ModelConfig(conv_channels=[]))
+    fully_connected = Config()
     policy = build_policy(fully_connected, make_env(fully_connected.env.name, num_games=1).spec)
     ParameterStore(LocalStore(tmp / "run" / "store")).publish(1, policy.tensors())
-    (tmp / "run" / "config.toml").write_text(to_toml(Config()))
+    (tmp / "run" / "config.toml").write_text(to_toml(Config(model=ModelConfig(conv_channels=[16, 32]))))
     return tmp
 
 
