@@ -37,11 +37,11 @@ def test_an_update_that_raises_is_skipped_and_counted(tmp_path, monkeypatch, cap
     real = optimizer.Learner.update
     calls = []
 
-    def flaky(self, batch):
+    def flaky(self, batch, progress=0.0):
         calls.append(1)
         if len(calls) == 1:
             raise IndexError("Target 99 is out of bounds.")
-        return real(self, batch)
+        return real(self, batch, progress)
     monkeypatch.setattr(optimizer.Learner, "update", flaky)
     with caplog.at_level(logging.ERROR):
         assert optimizer.run_optimizer(cfg, stop=StopFlag(install_signals=False)) == 0

@@ -20,10 +20,10 @@ def main(config_path: str) -> int:
     if detect_identity().rank == 1:
         real_update = Learner.update
 
-        def failing_update(self, batch):
+        def failing_update(self, batch, progress=0.0):
             if self.updates >= 1:
                 raise RuntimeError(f"injected failure in update {self.updates + 1} on this rank")
-            return real_update(self, batch)
+            return real_update(self, batch, progress)
 
         Learner.update = failing_update
     return cli.main(["optimizer", "--config", config_path])
