@@ -38,7 +38,7 @@ def test_config_show_doc_lists_every_field_with_type_default_and_doc():
     out = rapid("config", "show", "--doc", "--config", "configs/moba-1v1.toml", "--set", "ppo.lr=1e-4").stdout
     for section, cls, name in config_fields():
         assert f"{section}.{name}: " in out, name
-    assert "ppo.lr: float = 0.0001  (default 0.0003)\n    Adam learning rate." in out
+    assert "ppo.lr: float = 0.0001  (default 0.0003)\n    Adam learning rate at the start of the run." in out
     assert "rollout.bptt: int = 16\n    Steps per sample (truncated BPTT length)." in out
     # the env's options, as moba types them: set ones with their default, the others at their default
     assert "env.options.heroes_per_side: int = 1\n" in out
