@@ -1,7 +1,7 @@
 """Learning strength from the shipped configs, measured as a user would: `rapid train`, then `rapid eval`.
 
     python benchmarks/bench_learning.py c4                 # connect four, 5 min: greedy vs random and lookahead
-    python benchmarks/bench_learning.py league             # the same run against its latest policy only
+    python benchmarks/bench_learning.py league             # the same run with past opponents (20% of games)
     python benchmarks/bench_learning.py moba --seeds 0 1 2 # moba 1v1, 20 min a seed: first minute ≥ 70% vs lane
 
 Each run goes to a fresh directory under --out (default: a temporary one). Every figure line starts with the
@@ -145,9 +145,9 @@ def main() -> int:
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-learning-"))
     for what in args.what:
         if what == "c4":
-            bench_c4(out, args.minutes or 5.0, args.games, "c4-league", [])
+            bench_c4(out, args.minutes or 5.0, args.games, "c4", [])
         elif what == "league":
-            bench_c4(out, args.minutes or 5.0, args.games, "c4-latest-only", ["league.latest_prob=1.0"])
+            bench_c4(out, args.minutes or 5.0, args.games, "c4-past-opponents", ["league.latest_prob=0.8"])
         else:
             bench_moba(out, args.minutes or 20.0, min(args.games, 200), args.seeds)
     return 0

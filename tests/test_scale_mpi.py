@@ -295,9 +295,11 @@ def test_a_rank_that_raises_ends_the_job_with_one_clear_line(tmp_path):
     lines = [x for x in result.stderr.splitlines() if x.startswith("rapid: rank")]
     assert lines == ["rapid: rank 1: RuntimeError: injected failure in update 2 on this rank"], result.stderr[-3000:]
     # (A traceback may follow that line: see test_a_failing_rank_runs_no_python_after_the_abort.)
-    # The failure came from inside the update loop: every rank had finished update 1 together.
+    # The failure came from inside the update loop: every rank had finished update 1 together (rank 1 failed in
+    # update 2, and updates are in lock step). Rank 0's record of update 1 is written by its report thread, which
+    # the abort can kill first (seen once in a clean-clone run), so the log holds update 1 or nothing, never more.
     log = read_jsonl(tmp_path / "run" / "logs" / "optimizer.jsonl")
-    assert [r["update"] for r in log] == [1]
+    assert [r["update"] for r in log] in ([], [1])
 
 
 def test_a_failing_rank_runs_no_python_after_the_abort():
