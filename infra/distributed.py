@@ -168,6 +168,11 @@ def init_process_group(identity: Identity | None = None, backend: str | None = N
         init_method = "env://"
     else:
         raise RuntimeError(f"{identity.size} ranks without MPI need MASTER_ADDR and MASTER_PORT for the rendezvous")
+    # torch's first optimizer imports torch._dynamo, and something on that import path keeps a reference to the
+    # default process group if one exists then. destroy_process_group could not join gloo's worker threads, and
+    # a rank could die in std::terminate at exit when one of them touched a tensor during interpreter teardown.
+    import torch._dynamo  # noqa: F401
+
     dist.init_process_group(backend, init_method=init_method, rank=identity.rank, world_size=identity.size,
                             timeout=datetime.timedelta(seconds=timeout))
     return DistContext(identity, backend, device, initialized=True)

@@ -7,6 +7,7 @@ Rank 0 prints ``OK <sha256>`` when every check holds; any failure aborts the job
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import torch
 from mpi4py import MPI
@@ -49,34 +50,41 @@ def digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+def thread_names() -> list[str]:
+    return [(task / "comm").read_text().strip() for task in Path("/proc/self/task").iterdir()]
+
+
 def main() -> None:
     identity = detect_identity()
-    with abort_on_error(identity), init_process_group(identity, timeout=60) as dist:
-        assert identity.under_mpi and dist.backend == "gloo", (identity, dist.backend)
-        model = make_model(seed=identity.rank)  # different on every rank until the broadcast
-        dist.broadcast_parameters(model)
-        reference = make_model(seed=0)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-        for step in range(STEPS):
-            opt.zero_grad(set_to_none=True)
-            loss_of(model, identity.rank, *batch(identity.rank, step)).backward()
-            dist.all_reduce_gradients(model.parameters())
-            opt.step()
-            # The reference sees every rank's batch: the mean of per-rank mean losses.
-            ref_opt.zero_grad(set_to_none=True)
-            ref_loss = sum(loss_of(reference, r, *batch(r, step)) for r in range(identity.size)) / identity.size
-            ref_loss.backward()
-            ref_opt.step()
-        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-            assert torch.allclose(p, q, atol=1e-6), f"{name} differs from the single-process reference"
-        means = dist.all_reduce_scalars({"rank": float(identity.rank), "one": 1.0})
-        assert means == {"rank": (identity.size - 1) / 2, "one": 1.0}, means
-        digests = MPI.COMM_WORLD.gather(digest(model), root=0)
+    with abort_on_error(identity):
+        with init_process_group(identity, timeout=60) as dist:
+            assert identity.under_mpi and dist.backend == "gloo", (identity, dist.backend)
+            model = make_model(seed=identity.rank)  # different on every rank until the broadcast
+            dist.broadcast_parameters(model)
+            reference = make_model(seed=0)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+            for step in range(STEPS):
+                opt.zero_grad(set_to_none=True)
+                loss_of(model, identity.rank, *batch(identity.rank, step)).backward()
+                dist.all_reduce_gradients(model.parameters())
+                opt.step()
+                # The reference sees every rank's batch: the mean of per-rank mean losses.
+                ref_opt.zero_grad(set_to_none=True)
+                ref_loss = sum(loss_of(reference, r, *batch(r, step)) for r in range(identity.size)) / identity.size
+                ref_loss.backward()
+                ref_opt.step()
+            for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+                assert torch.allclose(p, q, atol=1e-6), f"{name} differs from the single-process reference"
+            means = dist.all_reduce_scalars({"rank": float(identity.rank), "one": 1.0})
+            assert means == {"rank": (identity.size - 1) / 2, "one": 1.0}, means
+            digests = MPI.COMM_WORLD.gather(digest(model), root=0)
+        # A gloo thread that outlives the teardown can die in std::terminate while Python exits.
+        leftover = [name for name in thread_names() if "gloo" in name]
+        assert not leftover, f"gloo threads outlived the process group: {leftover}"
         if identity.rank == 0:
             assert len(set(digests)) == 1, f"parameters differ across ranks: {digests}"
             print(f"OK {digests[0]}", flush=True)
-
 
 if __name__ == "__main__":
     main()
