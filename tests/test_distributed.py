@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from rapid.infra.distributed import Identity, abort_on_error, detect_identity, init_process_group
+from rapid.infra.distributed import Identity, abort_on_error, detect_identity, init_process_group, wait_until_pipe_read
 
 SCRIPTS = Path(__file__).parent / "mpi_scripts"
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
@@ -45,6 +46,29 @@ def test_raising_rank_ends_the_job_with_one_clear_line():
     assert elapsed < 10, f"the job took {elapsed:.1f}s to end"
     lines = [line for line in result.stderr.splitlines() if line.startswith("rapid: rank 1:")]
     assert lines == ["rapid: rank 1: ValueError: boom from the test second line"], result.stderr
+
+
+def test_the_last_line_before_an_abort_waits_for_the_pipes_reader(tmp_path):
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, b"rapid: rank 1: ValueError: boom\n")
+        start = time.monotonic()
+        wait_until_pipe_read(write_end, timeout=0.3)  # nobody reads: gives up at the timeout
+        assert time.monotonic() - start >= 0.3
+        reader = threading.Timer(0.2, os.read, (read_end, 4096))
+        reader.start()
+        start = time.monotonic()
+        wait_until_pipe_read(write_end, timeout=5.0)
+        assert 0.15 <= time.monotonic() - start < 2.0  # returned once the reader took the line
+        reader.join()
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    with open(tmp_path / "log", "wb") as f:  # not a pipe: nothing to wait for
+        f.write(b"x")
+        start = time.monotonic()
+        wait_until_pipe_read(f.fileno(), timeout=5.0)
+        assert time.monotonic() - start < 0.1
 
 
 def test_plain_process_is_rank_0_of_1(monkeypatch):
