@@ -7,9 +7,13 @@ The design (GA3C's run-time scheduling with Rapid's targets):
   nor any sample be drawn more than ``ceil(target_reuse)`` times, so reuse cannot run above the target.
   To keep it from falling below (samples dropped unused), the optimizer must draw as fast as samples
   arrive: it adapts how much it trains per received sample through the batch size. A backlog of unused
-  samples beyond two batches grows the batch (a larger batch amortizes the per-update overhead, so more
-  samples per second go through); an optimizer that keeps waiting for data with little backlog shrinks
-  it back towards the configured ``batch_samples``, never below, never above ``max_batch_samples``.
+  samples beyond two batches grows the batch: on a GPU a larger batch amortizes the per-update overhead,
+  so more samples per second go through. Not always: on a CPU a batch of 1,024 cost 0.48 ms a sample and
+  one of 128 0.27 ms. So each growth is a trial: after ``MEASURE_UPDATES`` updates at the new size, the
+  batch stays only if it moved more samples per busy second than before (:func:`growth_paid`); otherwise
+  it goes back and that size becomes the ceiling for the run. An optimizer that keeps waiting for data with little
+  backlog shrinks the batch back towards the configured ``batch_samples``, never below, never above
+  ``max_batch_samples``.
 - **Staleness.** Rollouts upload every ``upload_interval_s`` and poll parameters every ``param_poll_s``; a
   version published after every update makes a sample look many versions old just by waiting for its
   upload (samples then go "stale" by the dozen). Versions are published by time instead, about once per
@@ -27,10 +31,11 @@ The optimizer calls ``step`` once per update with the buffer's counts (``dropped
 Usage::
 
     >>> balancer = Balancer(BalanceSettings(batch=256, max_batch=1024, target_reuse=1.0, publish_interval_s=2.0))
-    >>> d = balancer.step(0.0, received=0, consumed=0, wasted=0, backlog=0, busy_s=0.1)
-    >>> d = balancer.step(1.0, received=1000, consumed=256, wasted=0, backlog=744, busy_s=0.5)
-    >>> d.batch, d.arrival_per_s, d.capacity_per_s, d.message    # backlog > 2 batches: the batch grows
-    (320, 1000.0, 512.0, None)
+    >>> for update in range(MEASURE_UPDATES + 1):                # 0.25 s an update: 1,024 samples a busy second
+    ...     d = balancer.step(0.25 * update, received=250 * update, consumed=256 * update, wasted=0,
+    ...                       backlog=600, busy_s=0.25)
+    >>> d.batch, d.arrival_per_s, d.capacity_per_s, d.message    # backlog > 2 batches: the batch grows (a trial)
+    (320, 1000.0, 1024.0, None)
     >>> at_max = Balancer(BalanceSettings(batch=256, max_batch=256, target_reuse=1.0, publish_interval_s=2.0))
     >>> d = at_max.step(0.0, received=0, consumed=0, wasted=0, backlog=0, busy_s=0.1)
     >>> d = at_max.step(1.0, received=1000, consumed=256, wasted=500, backlog=244, busy_s=0.9)
@@ -48,6 +53,8 @@ GROW, SHRINK = 1.25, 0.8
 ADJUST_EVERY_S = 1.0
 WARN_EVERY_S = 60.0
 WASTE_TOLERANCE = 0.05
+MEASURE_UPDATES = 8
+MIN_GAIN_SHARE = 0.2
 
 
 def next_batch(batch: int, backlog: int, idle_share: float, lo: int, hi: int, multiple: int = 1) -> int:
@@ -61,6 +68,13 @@ def next_batch(batch: int, backlog: int, idle_share: float, lo: int, hi: int, mu
     else:
         return batch
     return max(lo, min(hi, want))
+
+
+def growth_paid(before: int, before_per_busy_s: float, after: int, after_per_busy_s: float) -> bool:
+    """A batch grown from ``before`` to ``after`` samples stays only if samples per busy second rose by at
+    least ``MIN_GAIN_SHARE`` of the growth: where the per-update overhead dominates (a GPU), they rise about
+    as much as the batch; where each sample costs the same or more (a CPU), not at all."""
+    return after_per_busy_s >= before_per_busy_s * (1 + MIN_GAIN_SHARE * (after / before - 1))
 
 
 def publish_due(now: float, last_publish: float, interval_s: float) -> bool:
@@ -117,11 +131,16 @@ class Balancer:
     def __init__(self, settings: BalanceSettings, now: float = 0.0):
         self.s = settings
         self.batch = settings.batch
+        self.ceiling = settings.max_batch
+        """The largest batch to try: lowered to a size whose growth did not pay (see :func:`growth_paid`)."""
+        self._since_change = (0, 0.0, 0)  # (consumed, busy seconds, updates) when the batch last changed
+        self._trial: tuple[int, float] | None = None  # (batch before a growth, its samples per busy second)
         self._received: deque[tuple[float, float]] = deque()
         self._consumed: deque[tuple[float, float]] = deque()
         self._wasted: deque[tuple[float, float]] = deque()
         self._busy: deque[tuple[float, float]] = deque()
         self._busy_total = 0.0
+        self._updates = 0
         self._last_adjust = now
         self._last_warn = -math.inf
 
@@ -130,10 +149,39 @@ class Balancer:
         while len(points) > 2 and points[1][0] <= now - self.s.window_s:
             points.popleft()
 
+    def _adjust(self, consumed: int, backlog: int, idle_share: float) -> None:
+        """Shrink at once; grow, and judge a growth, only once the current size has been measured over
+        ``MEASURE_UPDATES`` updates."""
+        consumed_then, busy_then, updates_then = self._since_change
+        busy = self._busy_total - busy_then
+        measured = self._updates - updates_then >= MEASURE_UPDATES and busy > 0
+        per_busy_s = (consumed - consumed_then) / busy if measured else 0.0
+        if self._trial is not None:
+            if not measured:
+                return
+            before, before_per_busy_s = self._trial
+            self._trial = None
+            if not growth_paid(before, before_per_busy_s, self.batch, per_busy_s):
+                self.ceiling = before
+                self._change(before, consumed)
+                return
+        batch = next_batch(self.batch, backlog, idle_share, self.s.batch, self.ceiling, self.s.multiple)
+        if batch > self.batch:
+            if not measured:
+                return
+            self._trial = (self.batch, per_busy_s)
+        if batch != self.batch:
+            self._change(batch, consumed)
+
+    def _change(self, batch: int, consumed: int) -> None:
+        self.batch = batch
+        self._since_change = (consumed, self._busy_total, self._updates)
+
     def step(self, now: float, received: int, consumed: int, wasted: int, backlog: int,
              busy_s: float) -> Decision:
         """Once per update: ``busy_s`` is the time the update itself took (not waiting for data)."""
         self._busy_total += busy_s
+        self._updates += 1
         for points, value in ((self._received, received), (self._consumed, consumed), (self._wasted, wasted),
                               (self._busy, self._busy_total)):
             self._push(points, now, value)
@@ -144,10 +192,9 @@ class Balancer:
         recv_window = self._received[-1][1] - self._received[0][1]
         waste_share = (self._wasted[-1][1] - self._wasted[0][1]) / recv_window if recv_window > 0 else 0.0
         if now - self._last_adjust >= ADJUST_EVERY_S:
-            self.batch = next_batch(self.batch, backlog, 1.0 - busy_share, self.s.batch, self.s.max_batch,
-                                    self.s.multiple)
+            self._adjust(consumed, backlog, 1.0 - busy_share)
             self._last_adjust = now
-        line = overload_line(arrival, capacity, self.s.target_reuse, waste_share, self.batch >= self.s.max_batch)
+        line = overload_line(arrival, capacity, self.s.target_reuse, waste_share, self.batch >= self.ceiling)
         message = None
         if line and now - self._last_warn >= WARN_EVERY_S:
             message, self._last_warn = line, now

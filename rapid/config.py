@@ -114,7 +114,8 @@ class OptimizerConfig:
     about once per publish_interval_s, and log when rollouts outrun the optimizer (false: fixed
     batch_samples, publish_every and max_reuse)."""
     max_batch_samples: int = 0
-    """Largest batch the balancer may grow to (0: 4 × batch_samples, at most buffer_samples / 2)."""
+    """Largest batch the balancer may grow to (0: 4 × batch_samples, at most buffer_samples / 2); it keeps a
+    growth only if samples per busy second rose with it."""
     publish_interval_s: float = 0.0
     """With balancing: seconds between published versions (0: rollout.upload_interval_s, so a staleness of
     one version means one upload behind)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from rapid.balance import Balancer, BalanceSettings, next_batch, overload_line, publish_due, rate
+from rapid.balance import Balancer, BalanceSettings, growth_paid, next_batch, overload_line, publish_due, rate
 
 
 def test_batch_grows_with_backlog_and_shrinks_when_idle_within_bounds():
@@ -32,8 +32,10 @@ def test_overload_line_only_when_samples_go_unused_at_the_largest_batch():
     assert "\n" not in line
 
 
-def simulate(arrival_per_s: float, cost_per_sample_s: float, overhead_s: float, seconds: float, hi: int):
-    """Samples arrive at a fixed rate; an update of b samples takes overhead + b × cost; reuse target 1."""
+def simulate(arrival_per_s: float, cost_per_sample_s: float, overhead_s: float, seconds: float, hi: int,
+             cost_exponent: float = 0.0):
+    """Samples arrive at a fixed rate; an update of b samples takes overhead + b × cost × (b / 64)^exponent
+    (a cost per sample that rises with the batch, as on a CPU); reuse target 1."""
     bal = Balancer(BalanceSettings(batch=64, max_batch=hi, target_reuse=1.0, publish_interval_s=2.0))
     now = received = consumed = wasted = 0.0
     backlog, capacity = 0.0, 4096
@@ -46,7 +48,7 @@ def simulate(arrival_per_s: float, cost_per_sample_s: float, overhead_s: float, 
             backlog += arrival_per_s * 0.1
             busy = 0.0
         else:
-            busy = overhead_s + b * cost_per_sample_s
+            busy = overhead_s + b * cost_per_sample_s * (b / 64) ** cost_exponent
             now += busy
             received += arrival_per_s * busy
             backlog += arrival_per_s * busy - b
@@ -66,6 +68,20 @@ def test_balancer_keeps_up_by_growing_the_batch():
     assert 128 < bal.batch <= 1024
     assert consumed / received > 0.95 and wasted / received < 0.05 and not messages
     assert abs(d.arrival_per_s - 2000) < 100 and d.capacity_per_s > 2000
+
+
+def test_a_growth_stays_only_if_samples_per_busy_second_rise_with_it():
+    assert growth_paid(256, 1000.0, 320, 1200.0)       # +20% for +25%: the overhead was amortized
+    assert not growth_paid(256, 1000.0, 320, 1030.0)   # +3% for +25%: not worth the staler updates
+    assert not growth_paid(128, 1000.0, 160, 950.0)    # a CPU: each sample costs more in a bigger batch
+    assert growth_paid(243, 2464.0, 256, 2530.0)       # a small last step to the cap gains a little
+
+
+def test_balancer_keeps_the_batch_where_a_bigger_one_costs_more_per_sample():
+    # The CPU measured for configs/default.toml: 0.27 ms a sample at 128, 0.48 ms at 1,024 (exponent 0.28).
+    bal, d, received, consumed, wasted, messages = simulate(20_000, 2.1e-4, 0.0, 120, hi=1024, cost_exponent=0.28)
+    assert bal.batch <= 80 and bal.ceiling <= 80        # one trial at 80, then back to 64 for the run
+    assert d.overloaded and "receives 20,000 samples/s" in messages[0]
 
 
 def test_balancer_says_when_rollouts_outrun_it():
