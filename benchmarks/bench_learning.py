@@ -51,30 +51,25 @@ def curve(run_dir: Path, started: float, opponent: str) -> list[tuple[float, int
 def tactics(run_dir: Path, games: int) -> str:
     """How often the greedy latest policy misses a move that wins at once, or one it must make to block the
     opponent's immediate win, over ``games`` games against the lookahead bot (any two-player board game)."""
-    from dataclasses import replace
-
     import numpy as np
 
     from rapid.config import load_config
     from rapid.envs.board_bots import blocking_moves, winning_moves
     from rapid.envs.registry import make_env
     from rapid.infra.store import LocalStore
-    from rapid.matches import make_player
+    from rapid.matches import batch_size, make_player, play_match
     from rapid.param_store import ParameterStore
 
     cfg = load_config(str(run_dir / "config.toml"), [])
-    env = make_env(cfg.env.name, num_games=min(games, 100))
+    env = make_env(cfg.env.name, num_games=batch_size(games))
     params = ParameterStore(LocalStore(run_dir / "store"))
     policy = make_player("latest", cfg, env, params, greedy=True)
     bot = make_player("bot:lookahead", cfg, env, params, seed=3)
-    names, sides = env.spec.agent_names, np.asarray(env.spec.side_of_agent)
-    side = np.arange(env.num_games) % 2
+    names = env.spec.agent_names
     count = dict(wins=0, missed_wins=0, blocks=0, missed_blocks=0)
-    step, played = env.reset(seed=1), 0
-    while played < games:
-        mine = sides[None, :] == side[:, None]
-        acts = policy.act(replace(step, active=step.active & mine))
-        for b, i in zip(*np.nonzero(step.active & mine)):
+
+    def judge(step, rows, acts) -> None:
+        for b, i in zip(*np.nonzero(rows)):
             game, legal, move = env.games[b].unwrapped, np.flatnonzero(step.action_mask[b, i]), int(acts[b, i, 0])
             wins = winning_moves(game, names[i], legal)
             blocks = [] if wins else blocking_moves(game, names[i], legal)
@@ -82,10 +77,8 @@ def tactics(run_dir: Path, games: int) -> str:
                 if moves:
                     count[kind] += 1
                     count[f"missed_{kind}"] += move not in moves
-        step = env.step(np.where(mine[..., None], acts, bot.act(replace(step, active=step.active & ~mine))))
-        for ep in step.episodes:
-            played += 1
-            side[ep.game] = 1 - side[ep.game]
+
+    play_match(env, policy, bot, games, seed=1, watch=judge)
     return (f"missed {count['missed_wins']} of {count['wins']} immediate wins, {count['missed_blocks']} of "
             f"{count['blocks']} needed blocks (greedy, {games} games against the lookahead bot)")
 

@@ -26,6 +26,7 @@ Every slot of the vector env plays the same number of games, so short games are 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -110,7 +111,13 @@ def batch_size(games: int, max_batch: int = 256) -> int:
     return max(1, min(games, max_batch))
 
 
-def play_match(env: VecMultiAgentEnv, player_a: Player, player_b: Player, games: int, seed: int = 0) -> MatchScore:
+Watch = Callable[[StepResult, np.ndarray, np.ndarray], None]
+"""``watch(step, rows, actions)`` before each step: the (game, agent) pairs where A moves in a game that
+counts (``rows``, boolean) and A's actions, e.g. to judge A's moves as a benchmark does."""
+
+
+def play_match(env: VecMultiAgentEnv, player_a: Player, player_b: Player, games: int, seed: int = 0,
+               watch: Watch | None = None) -> MatchScore:
     """``games`` games of A against B on ``env`` (best built with ``batch_size(games)`` games)."""
     B = env.num_games
     quota = np.full(B, games // B)
@@ -127,6 +134,8 @@ def play_match(env: VecMultiAgentEnv, player_a: Player, player_b: Player, games:
         # the moves it makes, not for the other side's too.
         acts_a = player_a.act(replace(step, active=step.active & a_rows))
         acts_b = player_b.act(replace(step, active=step.active & ~a_rows))
+        if watch is not None:
+            watch(step, step.active & a_rows & (played < quota)[:, None], acts_a)
         step = env.step(np.where(a_rows[..., None], acts_a, acts_b))
         for ep in step.episodes:
             b = ep.game

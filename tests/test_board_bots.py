@@ -52,3 +52,18 @@ def test_registered_for_board_games_and_beats_random():
     result = play_match(env, bot, env.make_bot("random", seed=2), games=200, seed=0)
     assert result.win_rate >= 0.9, result.line("lookahead", "random")
     assert "lookahead" not in make_env("tests.pz_tiny_parallel", num_games=1).bot_names()
+
+
+def test_a_match_shows_its_watch_only_player_a_moves_in_games_that_count():
+    env = make_env(C4, num_games=4)
+    seen = []
+
+    def watch(step, rows, acts):
+        assert not (rows & ~step.active).any()
+        seen.append(int(rows.sum()))
+
+    # 6 games on 4 slots: quotas 2, 2, 1, 1, so two slots go on playing games that do not count.
+    result = play_match(env, env.make_bot("random", seed=1), env.make_bot("random", seed=2), games=6, seed=0,
+                        watch=watch)
+    moves = result.mean_length * 6
+    assert abs(sum(seen) - moves / 2) <= 3, (sum(seen), moves)  # A makes half the moves, give or take a first
