@@ -126,13 +126,12 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
 
     # Where this run stands: a fresh start publishes version 0; a resume loads the newest usable checkpoint
     # and continues after the newest version in use anywhere in the store, so no version is used twice.
-    version, updates = 0, 0
+    version = 0
     try:
         if resume:
             point = resume_point(store, policy, learner.adam, log)
-            version, updates = point.version, point.updates
-            learner.updates = updates
-            log.info("resumed from %s (update %d); next version %d", point.source, updates, version + 1)
+            version, learner.updates = point.version, point.updates
+            log.info("resumed from %s (update %d); next version %d", point.source, learner.updates, version + 1)
         elif newest_version_in_use(store) is not None:
             raise UsageError(f"{store.describe()} already holds published parameters; use --resume or a new run dir")
     except UsageError:
@@ -144,13 +143,13 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
     if ctx is not None:
         ctx.broadcast_parameters(policy, src=0)
     if lead and not resume:
-        params.publish(version, policy.tensors(), {"updates": updates, "env": cfg.env.name})
+        params.publish(version, policy.tensors(), {"updates": learner.updates, "env": cfg.env.name})
     league = LeagueKeeper(store, cfg) if lead else None
     metrics.param_version(version)
 
     shape = Shape.of(spec, bptt=cfg.rollout.bptt, lstm=cfg.model.lstm)
     buffer = ExperienceBuffer(cfg.optimizer.buffer_samples, cfg.optimizer.max_staleness)
-    pos = Position(version, updates)
+    pos = Position(version, learner.updates)
     loader = ExperienceLoader(store, shape, buffer, rank.rank, rank.size, cfg.optimizer.poll_s,
                               cfg.store.retention_s, on_bad=lambda key, why: metrics.bad_object(_reason(why)),
                               on_load=lambda n, nbytes, s: metrics.samples_downloaded(n, nbytes, s),
@@ -168,7 +167,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
     agree = Agreement(ctx, lead)
     rng = np.random.default_rng(cfg.run.seed + 7919 * rank.rank)
     started, last_publish = time.time(), time.monotonic()
-    last_ckpt_updates = published_updates = updates
+    last_ckpt_updates = published_updates = learner.updates
     failed_in_row, exit_code = 0, 0
     try:
         while True:
@@ -180,18 +179,18 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
                 report.loader_failed(loader.failure)
                 stop.set("loader thread died")
                 exit_code = 1
-            if cfg.run.updates and updates >= cfg.run.updates:
+            if cfg.run.updates and learner.updates >= cfg.run.updates:
                 stop.set("updates")
             if cfg.run.minutes and time.time() - started >= 60 * cfg.run.minutes:
                 stop.set("minutes")
             due = (publish_due(time.monotonic(), last_publish, settings.publish_interval_s) if cfg.optimizer.balance
-                   else (updates + 1) % cfg.optimizer.publish_every == 0)
+                   else (learner.updates + 1) % cfg.optimizer.publish_every == 0)
             leave, publish = agree.decide(bool(stop) or batch is None, due)
             if leave:
-                if updates > published_updates:  # so the final checkpoint holds a published version
+                if learner.updates > published_updates:  # so the final checkpoint holds a published version
                     version += 1
                     if lead:
-                        _publish(writer, params, league, policy.tensors(), version, updates, stop, log)
+                        _publish(writer, params, league, policy.tensors(), version, learner.updates, stop, log)
                     report.version(version)
                 break
             arrays, staleness = batch
@@ -199,7 +198,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
             # 2. update: one bad batch is skipped, never the end of the job
             t_update = time.perf_counter()
             try:
-                stats = learner.update(arrays, run_progress(cfg, time.time() - started, updates))
+                stats = learner.update(arrays, run_progress(cfg, time.time() - started, learner.updates))
             except Exception as e:
                 if ctx is not None:  # the other ranks wait in this update's all-reduce: end the job instead
                     raise
@@ -216,28 +215,27 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
             if stats["skipped"]:
                 report.skipped_nonfinite(learner.skipped)
                 continue
-            updates += 1
-            pos.updates = updates
+            pos.updates = learner.updates
             # 3. publish (rank 0, on the background writer; the loop goes on training)
             if publish:
                 version += 1
                 pos.version = version
-                last_publish, published_updates = time.monotonic(), updates
+                last_publish, published_updates = time.monotonic(), learner.updates
                 if lead:
-                    _publish(writer, params, league, policy.tensors(), version, updates, stop, log)
+                    _publish(writer, params, league, policy.tensors(), version, learner.updates, stop, log)
                 report.version(version)
             # 4. league: fold match results when due, unless the writer is busy
             if league:
                 writer.try_submit("league", league.fold_if_due)
             # 5. checkpoint (rank 0, background)
-            if lead and updates - last_ckpt_updates >= cfg.optimizer.checkpoint_every:
-                ckpt = _snapshot(learner, version, updates)
+            if lead and learner.updates - last_ckpt_updates >= cfg.optimizer.checkpoint_every:
+                ckpt = _snapshot(learner, version, learner.updates)
                 writer.submit(f"checkpoint v{version}", lambda ckpt=ckpt: _until_stored(
                     f"checkpoint v{ckpt.version}", lambda: save_checkpoint(store, ckpt, cfg.optimizer.keep_checkpoints),
                     stop, log))
-                last_ckpt_updates = updates
+                last_ckpt_updates = learner.updates
             decision = balancer.step(time.monotonic(), **_balance_inputs(buffer.stats()), busy_s=busy_s)
-            report.update(updates, version, stats, staleness, decision, wait_s)
+            report.update(learner.updates, version, stats, staleness, decision, wait_s)
     finally:
         loader.stop()
         # After an unexpected error the weights may be what broke: the last good checkpoint stays the newest.
@@ -248,12 +246,12 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
             report.close()
             metrics.close()
         if lead and clean and lease.held:
-            _checkpoint(store, cfg, learner, version, updates)
+            _checkpoint(store, cfg, learner, version, learner.updates)
             log.info("stopped (%s) at version %d after %d updates; final checkpoint written",
-                     stop.reason or "done", version, updates)
+                     stop.reason or "done", version, learner.updates)
         elif lead:
             log.warning("stopped (%s) at version %d after %d updates; no final checkpoint",
-                        stop.reason or "error", version, updates)
+                        stop.reason or "error", version, learner.updates)
         if lease:
             lease.release()
         if oplog:
