@@ -29,7 +29,10 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import select
 import signal
+import threading
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -81,9 +84,29 @@ def decode_job(data: bytes, shape: Shape) -> Decoded | Rejected:
         return Rejected(f"unexpected {type(e).__name__} while decoding: {e}")
 
 
-def _worker_init() -> None:
+def _worker_init(owner_pid: int) -> None:
     # Ctrl-C reaches the whole process group: the optimizer decides when its workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with, args=(owner_pid,), name="owner-watch", daemon=True).start()
+
+
+def _exit_with(owner_pid: int, poll_s: float = 1.0) -> None:
+    """End this worker when the optimizer that owns it is gone. A SIGKILLed optimizer (OOM, preemption)
+    cannot shut its pool down, and a worker blocked on its task queue, holding the forkserver's alive pipe,
+    would otherwise outlive it for good, and keep the forkserver alive too."""
+    try:
+        owner = os.pidfd_open(owner_pid)  # Linux: readable once the owner has exited, immune to pid reuse
+    except (AttributeError, OSError):
+        owner = None
+    if owner is not None:
+        select.select([owner], [], [])
+        os._exit(0)
+    while True:
+        try:
+            os.kill(owner_pid, 0)
+        except ProcessLookupError:
+            os._exit(0)
+        time.sleep(poll_s)
 
 
 def _context():
@@ -112,7 +135,8 @@ class DecodePool:
             done.set_result(decode_job(data, self.shape))
             return done
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=_context(), initializer=_worker_init)
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=_context(), initializer=_worker_init,
+                                             initargs=(os.getpid(),))
         try:
             future = self._pool.submit(decode_job, data, self.shape)
         except BrokenProcessPool:

@@ -134,3 +134,38 @@ def test_loader_with_decode_workers_loads_everything(tmp_path):
 @pytest.mark.parametrize("cpus,expected", [(1, 1), (2, 1), (16, 2), (128, 8)])
 def test_auto_decode_workers(cpus, expected):
     assert auto_workers(cpus) == expected
+
+
+OWNER = """
+import os, sys, time
+from rapid.decode_pool import DecodePool
+from tests.test_loader import SHAPE, put
+from rapid.infra.store import LocalStore
+pool = DecodePool(SHAPE, workers=1)
+pool.result(pool.submit(put(LocalStore(sys.argv[1]), "a")))
+print(*pool._pool._processes, flush=True)
+time.sleep(600)
+"""
+
+
+def test_decode_workers_end_when_their_optimizer_is_killed(tmp_path):
+    import subprocess
+    import sys
+
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                             cwd=os.getcwd())
+    workers = [int(pid) for pid in owner.stdout.readline().split()]
+    assert workers, "the owner printed no worker pid"
+    owner.kill()  # SIGKILL: no shutdown of the pool
+    owner.wait()
+
+    def gone(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        # A zombie is gone too; its parent, the forkserver, has not reaped it yet.
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+
+    assert wait_for(lambda: all(gone(pid) for pid in workers)), "a decode worker outlived its killed optimizer"
