@@ -229,7 +229,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
                 writer.try_submit("league", league.fold_if_due)
             # 5. checkpoint (rank 0, background)
             if lead and learner.updates - last_ckpt_updates >= cfg.optimizer.checkpoint_every:
-                ckpt = _snapshot(learner, version, learner.updates)
+                ckpt = _snapshot(learner, version)
                 writer.submit(f"checkpoint v{version}", lambda ckpt=ckpt: _until_stored(
                     f"checkpoint v{ckpt.version}", lambda: save_checkpoint(store, ckpt, cfg.optimizer.keep_checkpoints),
                     stop, log))
@@ -246,7 +246,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
             report.close()
             metrics.close()
         if lead and clean and lease.held:
-            _checkpoint(store, cfg, learner, version, learner.updates)
+            _checkpoint(store, cfg, learner, version)
             log.info("stopped (%s) at version %d after %d updates; final checkpoint written",
                      stop.reason or "done", version, learner.updates)
         elif lead:
@@ -284,10 +284,10 @@ def _publish(writer: BackgroundWriter, params: ParameterStore, league, tensors, 
     writer.submit(f"publish v{version}", job)
 
 
-def _snapshot(learner: Learner, version: int, updates: int) -> Checkpoint:
+def _snapshot(learner: Learner, version: int) -> Checkpoint:
     """A checkpoint of the live weights and Adam state, copied: the writer encodes it while training goes on."""
     adam = copy.deepcopy(learner.adam.state_dict())
-    return Checkpoint.from_torch(version, updates, learner.policy.tensors(), adam)
+    return Checkpoint.from_torch(version, learner.updates, learner.policy.tensors(), adam)
 
 
 class LeagueKeeper:
@@ -355,6 +355,6 @@ def _until_stored(what: str, write, stop: StopFlag, log, first_wait_s: float = 1
         wait = min(2 * wait, max_wait_s)
 
 
-def _checkpoint(store, cfg: Config, learner: Learner, version: int, updates: int) -> None:
-    ckpt = Checkpoint.from_torch(version, updates, learner.policy.tensors(), learner.adam.state_dict())
+def _checkpoint(store, cfg: Config, learner: Learner, version: int) -> None:
+    ckpt = Checkpoint.from_torch(version, learner.updates, learner.policy.tensors(), learner.adam.state_dict())
     save_checkpoint(store, ckpt, cfg.optimizer.keep_checkpoints)
