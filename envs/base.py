@@ -51,10 +51,19 @@ class EnvSpec:
     grid: tuple[int, int, int] | None = None
     """(height, width, channels) when every agent's observation is one channels-last grid (a board, an image),
     flattened: the policy may encode it with convolutions."""
+    turn_based: bool = False
+    """Players take turns (PettingZoo's AEC games): a policy steps an agent only on its own turns, so the
+    agent's memory and samples hold its decisions, not its waits. Otherwise every agent steps every step."""
 
     @property
     def mask_dim(self) -> int:
         return int(sum(self.action_heads))
+
+    def moving(self, active: np.ndarray) -> np.ndarray:
+        """bool [B, A] from ``StepResult.active``: the agents a policy steps now (its memory and its samples).
+        In a turn-based game the player to move; otherwise all of them, inactive ones too (a dead or stunned
+        hero still sees the game go on)."""
+        return active if self.turn_based else np.ones_like(active)
 
 
 @dataclass

@@ -124,6 +124,7 @@ class PettingZooVecEnv(VecMultiAgentEnv):
             name=path, num_agents=len(agents), obs_dim=max(self.obs_sizes), action_heads=heads,
             side_of_agent=split_sides(agents), agent_names=tuple(agents),
             seconds_per_step=1.0 if self.parallel else 1.0 / len(agents), grid=grid_of(obs_spaces),
+            turn_based=not self.parallel,
         )
         self.offsets = head_offsets(heads)
         self._episode = np.zeros(num_games, dtype=np.int64)

@@ -33,20 +33,22 @@ def mix_rewards(rewards: np.ndarray, side_of_agent: np.ndarray, team_spirit: flo
 
 
 def gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, last_value: np.ndarray,
-        gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
+        gamma: float | np.ndarray, lam: float) -> tuple[np.ndarray, np.ndarray]:
     """Generalized advantage estimation over a segment. Returns (advantages, returns), both [T, N].
 
     ``values`` [T, N] are the value estimates at each step, ``last_value`` [N] at the step after the
-    segment.
+    segment. ``gamma`` is one discount, or each step's [T, N] (a decision followed by several game steps
+    before the agent's next one is discounted over all of them).
     """
     T = rewards.shape[0]
+    discount = np.broadcast_to(np.asarray(gamma, dtype=np.float32), rewards.shape)
     advantages = np.zeros_like(rewards, dtype=np.float32)
     running = np.zeros(rewards.shape[1:], dtype=np.float32)
     next_value = last_value.astype(np.float32)
     for t in reversed(range(T)):
         not_done = 1.0 - dones[t].astype(np.float32)
-        delta = rewards[t] + gamma * next_value * not_done - values[t]
-        running = delta + gamma * lam * not_done * running
+        delta = rewards[t] + discount[t] * next_value * not_done - values[t]
+        running = delta + discount[t] * lam * not_done * running
         advantages[t] = running
         next_value = values[t]
     return advantages, advantages + values.astype(np.float32)

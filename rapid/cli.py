@@ -283,7 +283,7 @@ def _league_play_match(cfg, store):
     def player(member_id: str, env):
         if member_id.startswith("bot:"):
             return env.make_bot(member_id[4:], seed=0)
-        return PolicyPlayer(build_policy(cfg, env.spec, league.load_policy(member_id).tensors), member_id)
+        return PolicyPlayer(build_policy(cfg, env.spec, league.load_policy(member_id).tensors), env.spec, member_id)
 
     def play(a: str, b: str, games: int) -> tuple[int, int, int]:
         env = make_env(cfg.env.name, num_games=batch_size(games), seed=cfg.run.seed, options=cfg.env.options)

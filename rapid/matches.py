@@ -51,23 +51,31 @@ class Player(Protocol):
 
 
 class PolicyPlayer:
-    """A policy acting for all agents, with its LSTM state reset whenever a game starts."""
+    """A policy acting for all agents, with its LSTM state reset whenever a game starts. It steps the agents the
+    rollout worker steps (``EnvSpec.moving``: in a turn-based game only the player to move), so its memory
+    holds what it held in training."""
 
-    def __init__(self, policy: Policy, name: str, greedy: bool = False):
-        self.policy, self.name, self.greedy = policy, name, greedy
+    def __init__(self, policy: Policy, spec: EnvSpec, name: str, greedy: bool = False):
+        self.policy, self.spec, self.name, self.greedy = policy, spec, name, greedy
         self.state: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def act(self, step: StepResult) -> np.ndarray:
         B, A = step.obs.shape[:2]
         if self.state is None:
             self.state = self.policy.initial_state(B * A)
-        starts = np.repeat(step.done, A)
-        self.state[0][starts] = 0.0
-        self.state[1][starts] = 0.0
-        out = self.policy.act(torch.from_numpy(step.obs.reshape(B * A, -1)),
-                              torch.from_numpy(step.action_mask.reshape(B * A, -1)), self.state, greedy=self.greedy)
-        self.state = out.state
-        return out.actions.numpy().reshape(B, A, -1)
+        h, c = self.state
+        starts = torch.from_numpy(np.repeat(step.done, A))
+        h[starts] = 0.0
+        c[starts] = 0.0
+        rows = torch.from_numpy(np.flatnonzero(self.spec.moving(step.active).reshape(B * A)))
+        actions = torch.zeros((B * A, len(self.spec.action_heads)), dtype=torch.int64)
+        if len(rows):
+            out = self.policy.act(torch.from_numpy(step.obs.reshape(B * A, -1))[rows],
+                                  torch.from_numpy(step.action_mask.reshape(B * A, -1))[rows], (h[rows], c[rows]),
+                                  greedy=self.greedy)
+            actions[rows] = out.actions
+            h[rows], c[rows] = out.state
+        return actions.numpy().reshape(B, A, -1)
 
 
 def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -186,4 +194,4 @@ def make_player(text: str, cfg: Config, env: VecMultiAgentEnv, params: Parameter
     if name in env.bot_names():
         return env.make_bot(name, seed)
     version = resolve_version(params, text)
-    return PolicyPlayer(load_policy(cfg, env.spec, params, version), f"v{version}", greedy=greedy)
+    return PolicyPlayer(load_policy(cfg, env.spec, params, version), env.spec, f"v{version}", greedy=greedy)

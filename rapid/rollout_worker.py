@@ -12,14 +12,17 @@ Usage::
     >>> worker = RolloutWorker(env, policy, RolloutSettings.of(cfg, env.spec), SelfPlay(), seed=0)
     >>> worker.set_params(3, policy.tensors())                        # a published version's weights
     >>> segments = []
-    >>> for _ in range(2):                                            # while running
-    ...     segment = worker.collect()      # samples of bptt steps, GAE done, stamped with version
+    >>> for _ in range(4):                                            # while running
+    ...     segment = worker.collect()      # samples of bptt decisions, GAE done, stamped with version
     ...     segments.append(segment)        # a worker hands it to its Uploader: uploader.add(segment)
-    >>> segment.arrays["obs"].shape, set(segment.arrays["version"].tolist()), segment.opponents   # [S, T, obs]
-    ((8, 4, 84), {3}, ['latest'])
+    >>> batch = {k: np.concatenate([s.arrays[k] for s in segments]) for k in segments[0].arrays}
+    >>> len(batch["obs"]) > 0, batch["obs"].shape[1:], set(batch["version"].tolist())   # [S, T, obs]
+    (True, (4, 84), {3})
 
-An opponent is fixed for a whole game and its LSTM state starts at zero with the game; the learner's
-side is drawn per game so a policy learns both sides of asymmetric games.
+A sample holds one agent's decisions (``rapid.decisions``): in a turn-based game its own moves only, with the
+opponent's replies folded into its rewards and discount. An opponent is fixed for a whole game and its LSTM
+state starts at zero with the game; the learner's side is drawn per game so a policy learns both sides of
+asymmetric games.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import numpy as np
 import torch
 
 from rapid.config import Config
+from rapid.decisions import Decisions
 from rapid.envs.base import EnvSpec, ScriptedBot, StepResult, VecMultiAgentEnv
 from rapid.league.sampling import LATEST
 from rapid.opt import losses
@@ -97,18 +101,19 @@ class RolloutWorker:
         self.version = -1
         self.step_result: StepResult = env.reset(seed=seed)
         self.state = policy.initial_state(self.B * self.A)
-        self.first = np.ones(self.B, dtype=bool)
+        self.decisions = Decisions(self.B * self.A, settings.segment_steps, settings.bptt, spec.obs_dim,
+                                   spec.mask_dim, len(spec.action_heads), policy.lstm_size)
         self.learner_side = self.rng.integers(0, 2, self.B)
         self.game_opponent = [self.opponents.choose(self.rng) for _ in range(self.B)]
-        self._control: tuple[np.ndarray, list[tuple[Opponent | None, torch.Tensor]]] | None = None
+        self._control: list[tuple[Opponent | None, torch.Tensor]] | None = None
 
     def set_params(self, version: int, tensors: dict[str, np.ndarray]) -> None:
         self.policy.load_tensors(tensors)
         self.version = version
 
-    def _controllers(self) -> tuple[np.ndarray, list[tuple[Opponent | None, torch.Tensor]]]:
-        """Who acts for which agent: bool [B, A] of the learner's agents, and the rows of every controller
-        (None for the learner). It only changes when a game ends, so it is kept until then."""
+    def _controllers(self) -> list[tuple[Opponent | None, torch.Tensor]]:
+        """Who acts for which agent: the rows of every controller (None for the learner). It only changes when a
+        game ends, so it is kept until then."""
         if self._control is None:
             vs_latest = np.array([o.id == LATEST for o in self.game_opponent])
             own = (self.sides[None, :] == self.learner_side[:, None]) | vs_latest[:, None]
@@ -117,35 +122,37 @@ class RolloutWorker:
                 if opp.id != LATEST:
                     rows.setdefault(id(opp), (opp, []))[1].extend(b * self.A + np.flatnonzero(~own[b]))
             groups = [(opp, torch.as_tensor(np.asarray(r, dtype=np.int64))) for opp, r in rows.values() if len(r)]
-            self._control = (own, groups)
+            self._control = groups
         return self._control
 
-    def _owners(self) -> np.ndarray:
-        """bool [B, A]: agents the learner's policy controls this step."""
-        return self._controllers()[0]
-
-    def _act(self, step: StepResult) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _act(self, step: StepResult, moving: np.ndarray) -> np.ndarray:
+        """Every controller's actions; the learner's decisions (its rows that move) are recorded. A policy
+        steps only the rows that move, so their memory holds only the steps they decide."""
         B, A = self.B, self.A
         H = len(self.env.spec.action_heads)
         obs = torch.from_numpy(step.obs.reshape(B * A, -1))
         mask = torch.from_numpy(step.action_mask.reshape(B * A, -1))
         actions = np.zeros((B * A, H), dtype=np.int64)
-        logp = np.zeros(B * A, dtype=np.float32)
-        value = np.zeros(B * A, dtype=np.float32)
         h, c = self.state
-        for opp, rows in self._controllers()[1]:
-            idx = rows.numpy()
+        for opp, rows in self._controllers():
             if opp is not None and opp.bot is not None:
-                actions[idx] = opp.bot.act(step).reshape(B * A, H)[idx]
+                actions[rows.numpy()] = opp.bot.act(step).reshape(B * A, H)[rows.numpy()]
                 continue
+            rows = rows[torch.from_numpy(moving[rows.numpy()])]
+            if not len(rows):
+                continue
+            idx = rows.numpy()
             net = self.policy if opp is None else opp.policy
+            before = (h[rows].numpy(), c[rows].numpy())
             out = net.act(obs[rows], mask[rows], (h[rows], c[rows]))
             actions[idx] = out.actions.numpy()
             h[rows], c[rows] = out.state
             if opp is None:
-                logp[idx] = out.logp.numpy()
-                value[idx] = out.value.numpy()
-        return actions, logp, value
+                self.decisions.record(idx, step.obs.reshape(B * A, -1)[idx], step.action_mask.reshape(B * A, -1)[idx],
+                                      actions[idx], out.logp.numpy(), out.value.numpy(),
+                                      step.active.reshape(B * A)[idx], *before, version=self.version,
+                                      opponents=[self.game_opponent[r // A].id for r in idx])
+        return actions
 
     def _game_over(self, b: int, ep, episodes: list[dict]) -> None:
         opp = self.game_opponent[b]
@@ -162,63 +169,29 @@ class RolloutWorker:
         self.state[1][rows] = 0.0
 
     def collect(self) -> Segment:
-        """Play ``segment_steps`` steps and return the learner's samples with advantages and returns."""
+        """Play ``segment_steps`` steps and return the learner's complete segments as samples with advantages
+        and returns (rows whose segment is not complete yet carry it over to the next call)."""
         s = self.settings
-        T, R, T_b = s.segment_steps, self.B * self.A, s.bptt
-        rec = {name: [] for name in ("obs", "mask", "actions", "logp", "values", "rewards", "dones", "active",
-                                     "own", "first")}
-        h0, c0, opp_at_start = [], [], []
+        R = self.B * self.A
+        parts: list[tuple[dict[str, np.ndarray], list[str]]] = []
         episodes: list[dict] = []
-        for t in range(T):
+        for _ in range(s.segment_steps):
             step = self.step_result
-            if t % T_b == 0:
-                h0.append(self.state[0].clone().numpy())
-                c0.append(self.state[1].clone().numpy())
-                opp_at_start.append([o.id for o in self.game_opponent])
-            own = self._owners()
-            actions, logp, value = self._act(step)
+            moving = self.env.spec.moving(step.active).reshape(R)
+            actions = self._act(step, moving)
             nxt = self.env.step(actions.reshape(self.B, self.A, -1))
             rewards = losses.mix_rewards(nxt.rewards, self.sides, s.team_spirit, s.zero_sum)
-            for name, val in (("obs", step.obs.reshape(R, -1)), ("mask", step.action_mask.reshape(R, -1)),
-                              ("actions", actions), ("logp", logp), ("values", value),
-                              ("rewards", rewards.reshape(R)), ("dones", np.repeat(nxt.done, self.A)),
-                              ("active", step.active.reshape(R)), ("own", own.reshape(R)),
-                              ("first", np.repeat(self.first, self.A))):
-                rec[name].append(val)
+            self.decisions.after_step(rewards.reshape(R), np.repeat(nxt.done, self.A))
             for ep in nxt.episodes:
                 self._game_over(ep.game, ep, episodes)
-            self.first = nxt.done.copy()
             self.step_result = nxt
-        last_obs = torch.from_numpy(self.step_result.obs.reshape(R, -1))
-        last_value = self.policy.value(last_obs, self.state).numpy()
-        seg = {k: np.stack(v) for k, v in rec.items()}
-        # A row's bootstrap only counts if the learner still controls it after the segment.
-        last_value = last_value * self._owners().reshape(R)
-        adv, ret = losses.gae(seg["rewards"], seg["values"], seg["dones"], last_value, s.gamma, s.gae_lambda)
-        seg["advantages"], seg["returns"] = adv, ret
-        return self._cut(seg, np.stack(h0), np.stack(c0), opp_at_start, episodes, T * R)
-
-    def _cut(self, seg, h0, c0, opp_at_start, episodes, env_steps) -> Segment:
-        """[T, R, ...] segment arrays → samples [n·R, bptt, ...], keeping those the learner played."""
-        T_b = self.settings.bptt
-        T, R = seg["rewards"].shape
-        n = T // T_b
-
-        def chunks(x: np.ndarray) -> np.ndarray:
-            x = x.reshape(n, T_b, R, *x.shape[2:])
-            return np.moveaxis(x, 2, 1).reshape(n * R, T_b, *x.shape[3:])
-
-        names = ("obs", "mask", "actions", "logp", "values", "advantages", "returns", "active", "own", "first")
-        arrays = {k: chunks(seg[k]) for k in names}
-        arrays["active"] = arrays["active"] & arrays["own"]
-        arrays["h0"] = h0.reshape(n * R, -1)
-        arrays["c0"] = c0.reshape(n * R, -1)
-        ids = sorted({o for row in opp_at_start for o in row})
-        per_game = np.array([[ids.index(o) for o in row] for row in opp_at_start], dtype=np.int32)
-        arrays["opponent"] = np.repeat(per_game, self.A, axis=1).reshape(n * R)
-        arrays["version"] = np.full(n * R, self.version, dtype=np.int64)
-        keep = arrays["own"].any(1)
-        arrays = {k: np.ascontiguousarray(v[keep]) for k, v in arrays.items()}
-        for k in ("obs", "logp", "values", "advantages", "returns", "h0", "c0"):
-            arrays[k] = arrays[k].astype(np.float32, copy=False)
-        return Segment(arrays, ids, episodes, env_steps)
+            complete = self.decisions.complete()
+            if len(complete):
+                parts.append(self.decisions.take(complete, s.gamma, s.gae_lambda))
+        if not parts:
+            parts.append(self.decisions.take(np.zeros(0, np.int64), s.gamma, s.gae_lambda))
+        ids = sorted({o for _, part_ids in parts for o in part_ids})
+        arrays = {k: np.concatenate([a[k] for a, _ in parts]) for k in parts[0][0]}
+        arrays["opponent"] = np.concatenate([np.array([ids.index(o) for o in part_ids], np.int32)[a["opponent"]]
+                                             if len(a["opponent"]) else a["opponent"] for a, part_ids in parts])
+        return Segment(arrays, ids, episodes, s.segment_steps * R)

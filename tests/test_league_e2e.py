@@ -50,7 +50,7 @@ def test_opponent_fixed_for_a_whole_game_and_state_reset_at_game_start():
         for g in ended:  # the new game starts from a zero LSTM state
             assert torch.all(worker.state[0][g * A:(g + 1) * A] == 0)
             assert torch.all(worker.state[1][g * A:(g + 1) * A] == 0)
-            assert worker.first[g]
+            assert worker.decisions.fresh[g * A:(g + 1) * A].all()
         finished += len(ended)
     assert finished >= 20
     assert source.chosen == 8 + finished

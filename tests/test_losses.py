@@ -17,8 +17,9 @@ torch.set_num_threads(1)
 
 
 def reference_gae(rewards, values, dones, last_value, gamma, lam):
-    """Textbook GAE, one agent at a time, in plain Python floats."""
+    """Textbook GAE, one agent at a time, in plain Python floats; ``gamma`` a number or a [T][N] list."""
     T, N = len(rewards), len(rewards[0])
+    discount = gamma if isinstance(gamma, list) else [[gamma] * N for _ in range(T)]
     adv = [[0.0] * N for _ in range(T)]
     ret = [[0.0] * N for _ in range(T)]
     for n in range(N):
@@ -29,8 +30,8 @@ def reference_gae(rewards, values, dones, last_value, gamma, lam):
             else:
                 next_v = float(last_value[n]) if t == T - 1 else float(values[t + 1][n])
                 carry = gae_run
-            delta = float(rewards[t][n]) + gamma * next_v - float(values[t][n])
-            gae_run = delta + gamma * lam * carry
+            delta = float(rewards[t][n]) + discount[t][n] * next_v - float(values[t][n])
+            gae_run = delta + discount[t][n] * lam * carry
             adv[t][n] = gae_run
             ret[t][n] = gae_run + float(values[t][n])
     return np.array(adv), np.array(ret)
@@ -52,6 +53,24 @@ def test_gae_matches_reference_loop_with_episode_ends_inside(seed):
     assert adv.shape == ret.shape == (T, N)
     np.testing.assert_allclose(adv, ref_adv, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ret, ref_ret, rtol=1e-5, atol=1e-5)
+
+
+def test_gae_discounts_each_step_by_its_own_gamma():
+    """A turn-based agent's decision is followed by a varying number of game steps (a player eliminated, a turn
+    skipped): each decision carries its own discount."""
+    rng = np.random.default_rng(7)
+    T, N = 16, 4
+    rewards, values = rng.normal(size=(2, T, N)).astype(np.float32)
+    dones = rng.random((T, N)) < 0.1
+    last_value = rng.normal(size=N).astype(np.float32)
+    gamma = 0.99 ** rng.integers(1, 4, (T, N))
+    adv, ret = losses.gae(rewards, values, dones, last_value, gamma=gamma, lam=0.9)
+    ref_adv, ref_ret = reference_gae(rewards.tolist(), values.tolist(), dones.tolist(), last_value, gamma.tolist(),
+                                     0.9)
+    np.testing.assert_allclose(adv, ref_adv, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ret, ref_ret, rtol=1e-5, atol=1e-5)
+    same, _ = losses.gae(rewards, values, dones, last_value, gamma=0.99, lam=0.9)
+    assert not np.allclose(adv, same, atol=1e-3)
 
 
 def test_gae_hand_computed_small_case():

@@ -42,7 +42,8 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
             started = time.time()
             policy = load_policy(cfg, env.spec, params, version)
             opponent = env.make_bot(cfg.eval.opponent, seed=rounds)
-            result = play_match(env, PolicyPlayer(policy, f"v{version}"), opponent, games, seed=cfg.run.seed + rounds)
+            result = play_match(env, PolicyPlayer(policy, env.spec, f"v{version}"), opponent, games,
+                                seed=cfg.run.seed + rounds)
             lo, hi = result.interval()
             rating = _rate(league, version, f"bot:{cfg.eval.opponent}", result, log)
             metrics.win_rate(cfg.eval.opponent, result.win_rate)
@@ -93,7 +94,7 @@ def _play_pool(cfg: Config, env, league: League, policy, version: int, games: in
         return None
     member = snapshots[rounds % len(snapshots)]
     past = build_policy(cfg, env.spec, league.load_snapshot(member.id).tensors)
-    result = play_match(env, PolicyPlayer(policy, f"v{version}"), PolicyPlayer(past, member.id), games,
-                        seed=cfg.run.seed + 7 * rounds)
+    result = play_match(env, PolicyPlayer(policy, env.spec, f"v{version}"), PolicyPlayer(past, env.spec, member.id),
+                        games, seed=cfg.run.seed + 7 * rounds)
     log.info(result.line(f"v{version}", member.id))
     return member.id, result

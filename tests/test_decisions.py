@@ -1,0 +1,61 @@
+"""The rollout worker's trajectory builder (rapid.decisions) against hand-computed returns."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rapid.decisions import Decisions
+
+GAMMA = 0.9
+
+
+def inputs(n: int, value: float = 0.0, h: float = 0.0) -> dict:
+    return dict(obs=np.zeros((n, 2)), mask=np.ones((n, 3), bool), actions=np.zeros((n, 1)), logp=np.zeros(n),
+                values=np.full(n, value), active=np.ones(n, bool), h=np.full((n, 4), h), c=np.full((n, 4), h))
+
+
+def test_a_decision_is_discounted_over_every_game_step_until_the_agents_next_one():
+    """Three players take turns; player 0's moves are three game steps apart. With λ = 1 and zero values its
+    return is the final reward discounted per game step, γ³ per move of its own (not γ per move)."""
+    d = Decisions(rows=3, size=4, bptt=2, obs_dim=2, mask_dim=3, heads=1, lstm=4)
+    steps = 12  # player 0 moves at steps 0, 3, 6, 9; the game ends after step 11
+    for t in range(steps):
+        mover = np.array([t % 3])
+        d.record(mover, version=5, opponents=["latest"], **inputs(1))
+        reward = np.array([1.0, 0.0, 0.0]) if t == steps - 1 else np.zeros(3)
+        d.after_step(reward, ended=np.full(3, t == steps - 1))
+    assert d.complete().tolist() == [0, 1, 2]
+    arrays, ids = d.take(np.array([0]), gamma=GAMMA, lam=1.0)
+    np.testing.assert_allclose(arrays["returns"].ravel(), [GAMMA ** 9, GAMMA ** 6, GAMMA ** 3, 1.0], rtol=1e-6)
+    assert arrays["first"].ravel().tolist() == [True, False, False, False]
+    assert ids == ["latest"] and arrays["version"].tolist() == [5, 5]
+    assert d.n[0] == 0 and d.complete().tolist() == [1, 2]
+
+
+def test_a_segment_bootstraps_from_the_next_decision_which_starts_the_next_segment():
+    d = Decisions(rows=1, size=4, bptt=2, obs_dim=2, mask_dim=3, heads=1, lstm=4)
+    for k in range(5):
+        d.record(np.array([0]), version=k, opponents=["latest"], **inputs(1, value=10.0 * k, h=k + 1))
+        d.after_step(np.zeros(1), ended=np.zeros(1, bool))
+        assert d.complete().tolist() == ([0] if k == 4 else [])
+    arrays, _ = d.take(np.array([0]), gamma=GAMMA, lam=1.0)
+    assert arrays["returns"][1, 1] == np.float32(GAMMA * 40.0)   # the fifth decision's value
+    assert arrays["version"].tolist() == [0, 2]                  # a sample is as old as its oldest decision
+    assert arrays["h0"][:, 0].tolist() == [1.0, 3.0]             # the state before each sample's first decision
+    # The fifth decision is kept as the first of the next segment, with its state.
+    assert d.n[0] == 1 and d.values[0, 0] == 40.0 and d.h0[0, 0, 0] == 5.0 and d.version[0, 0] == 4
+
+
+def test_a_row_lent_to_an_opponent_keeps_its_segment_until_it_plays_again():
+    """Rewards of games the learner does not play in are not its own; the next game starts afresh."""
+    d = Decisions(rows=1, size=2, bptt=2, obs_dim=2, mask_dim=3, heads=1, lstm=4)
+    d.record(np.array([0]), version=1, opponents=["v3"], **inputs(1))
+    d.after_step(np.array([-1.0]), ended=np.ones(1, bool))       # the game ends: lost
+    d.after_step(np.array([5.0]), ended=np.zeros(1, bool))        # a game the learner does not play
+    d.after_step(np.array([5.0]), ended=np.ones(1, bool))
+    assert d.complete().tolist() == []
+    d.record(np.array([0]), version=2, opponents=["latest"], **inputs(1))
+    d.after_step(np.array([1.0]), ended=np.ones(1, bool))
+    arrays, ids = d.take(d.complete(), gamma=GAMMA, lam=1.0)
+    assert arrays["returns"].tolist() == [[-1.0, 1.0]] and arrays["first"].tolist() == [[True, True]]
+    assert ids == ["v3"] and arrays["opponent"].tolist() == [0]
