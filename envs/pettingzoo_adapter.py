@@ -1,7 +1,7 @@
 """Any PettingZoo env, named by import path, in the vectorized multi-agent interface.
 
-Turn-based (AEC) games step one turn per vector step: the live agent whose turn it is is ``active``; the
-other agents' actions are ignored that step. PettingZoo's dead steps (an eliminated agent's turn, action
+Turn-based (AEC) games step one turn per vector step: the live agent whose turn it is is ``active`` and
+observes; the other agents' actions are ignored that step, and their rows keep what they saw on their last turn. PettingZoo's dead steps (an eliminated agent's turn, action
 ``None``) are taken inside the adapter, so every vector step is a live player's move. A round of turns (one
 step per player) is one second of game time, so the discount horizon counts rounds, not single moves.
 Parallel games step all live agents. An agent that has left the game (eliminated, or dead in a parallel game
@@ -189,10 +189,14 @@ class PettingZooVecEnv(VecMultiAgentEnv):
                 self._active[b, i] = False
 
     def _observe_aec(self, b: int) -> None:
+        """The player to move observes; the others keep what they saw on their last turn (a policy steps a
+        turn-based agent only on its turns: ``EnvSpec.moving``), which halves the observing."""
         game = self.cores[b]
         live = [a for a in game.agents if not (game.terminations[a] or game.truncations[a])]
-        for agent in live:
-            self._write_agent(b, agent, game.observe(agent), game.infos.get(agent), agent == game.agent_selection)
+        self._active[b] = False
+        mover = game.agent_selection
+        if mover in live:
+            self._write_agent(b, mover, game.observe(mover), game.infos.get(mover), True)
         self._clear_departed(b, live)
 
     def _action_for(self, b: int, agent: str, actions: np.ndarray) -> Any:

@@ -13,7 +13,8 @@ Usage::
     >>> cfg = Config(model=ModelConfig(hidden=16, lstm=16), rollout=RolloutConfig(bptt=4, samples_per_segment=2))
     >>> env = make_env(cfg.env.name, num_games=2)
     >>> worker = RolloutWorker(env, build_policy(cfg, env.spec), RolloutSettings.of(cfg, env.spec), SelfPlay())
-    >>> batch = worker.collect().arrays   # dict of [S, T, ...] arrays (see rapid.formats.experience)
+    >>> segments = [worker.collect() for _ in range(4)]   # a segment holds the samples completed meanwhile
+    >>> batch = {k: np.concatenate([s.arrays[k] for s in segments]) for k in segments[0].arrays}   # [S, T, ...]
     >>> learner = Learner(build_policy(cfg, env.spec), cfg.ppo, "cpu", microbatch_samples=0)
     >>> stats = learner.update(batch)     # with MPI: all_reduce=ctx.all_reduce_gradients, all_reduce_scalars=…
     >>> stats["skipped"], learner.updates, sorted(k for k in stats if k.endswith("loss"))

@@ -79,9 +79,10 @@ class ModelConfig:
 @dataclass
 class RolloutConfig:
     bptt: int = 16
-    """Steps per sample (truncated BPTT length)."""
+    """Decisions of one agent per sample (truncated BPTT length): in a turn-based game its own turns."""
     samples_per_segment: int = 4
-    """GAE runs over segments of bptt × samples_per_segment steps before they are cut into samples."""
+    """GAE runs over each agent's segments of bptt × samples_per_segment decisions before they are cut into
+    samples; a worker also plays bptt × samples_per_segment steps between parameter checks."""
     upload_interval_s: float = 60.0
     """Seconds between experience uploads (Rapid: 60)."""
     param_poll_s: float = 5.0
@@ -97,7 +98,7 @@ class RolloutConfig:
 @dataclass
 class OptimizerConfig:
     batch_samples: int = 256
-    """Samples (of bptt steps each) per rank per update."""
+    """Samples (of bptt decisions each) per rank per update."""
     microbatch_samples: int = 0
     """Gradient accumulation chunk (0: the whole batch at once)."""
     buffer_samples: int = 4096

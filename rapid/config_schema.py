@@ -6,7 +6,7 @@ from the source, so the dataclasses stay the one place where a field is declared
 
 >>> from rapid.config import RolloutConfig
 >>> field_docs(RolloutConfig)["bptt"]
-'Steps per sample (truncated BPTT length).'
+'Decisions of one agent per sample (truncated BPTT length): in a turn-based game its own turns.'
 >>> convert(3, float), convert([1, 2], tuple[float, float])
 (3.0, (1.0, 2.0))
 >>> from rapid.envs.moba import MobaConfig

@@ -39,7 +39,7 @@ def test_config_show_doc_lists_every_field_with_type_default_and_doc():
     for section, cls, name in config_fields():
         assert f"{section}.{name}: " in out, name
     assert "ppo.lr: float = 0.0001  (default 0.0003)\n    Adam learning rate at the start of the run." in out
-    assert "rollout.bptt: int = 16\n    Steps per sample (truncated BPTT length)." in out
+    assert "rollout.bptt: int = 16\n    Decisions of one agent per sample (truncated BPTT length)" in out
     # the env's options, as moba types them: set ones with their default, the others at their default
     assert "env.options.heroes_per_side: int = 1\n" in out
     assert "env.options.max_seconds: float = 240.0  (default 300.0)" in out
