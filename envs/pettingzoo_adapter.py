@@ -1,9 +1,10 @@
 """Any PettingZoo env, named by import path, in the vectorized multi-agent interface.
 
 Turn-based (AEC) games step one turn per vector step: the live agent whose turn it is is ``active`` and
-observes; the other agents' actions are ignored that step, and their rows keep what they saw on their last turn. PettingZoo's dead steps (an eliminated agent's turn, action
-``None``) are taken inside the adapter, so every vector step is a live player's move. A round of turns (one
-step per player) is one second of game time, so the discount horizon counts rounds, not single moves.
+observes; the other agents' actions are ignored that step, and their rows keep what they saw on their last
+turn. PettingZoo's dead steps (an eliminated agent's turn, action ``None``) are taken inside the adapter, so
+every vector step is a live player's move. A round of turns (one step per player) is one second of game time,
+so the discount horizon counts rounds, not single moves.
 Parallel games step all live agents. An agent that has left the game (eliminated, or dead in a parallel game
 that goes on) is inactive and its row shows zeros: a state of its own, not a stale view of its last turn.
 Observations of different sizes are zero-padded to the largest; ``Dict`` observations with an
