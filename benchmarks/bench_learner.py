@@ -2,12 +2,14 @@
 
     python benchmarks/bench_learner.py --device cuda                    # both models, 8,192 samples × 16 steps
     python benchmarks/bench_learner.py --device cpu --samples 512 --repeat 3
+    python benchmarks/bench_learner.py --device cpu --models c4-bptt16 c4-bptt8 --samples 256 --threads 1
 
-For each model (the shipped moba-5v5 model from configs/moba-5v5.toml, and the same with a 1,024-unit
-encoder and LSTM) it times ``Learner.update`` (PPO losses, BPTT from each sample's stored state with the
-game starts inside samples, Adam; the batch handed over as numpy arrays, as the optimizer does) and the
-reference: encoder + one cuDNN/ATen ``nn.LSTM`` call over the whole [S, T] batch + heads, forward, backward
-and Adam. Prints samples/s of both and their ratio.
+For each model (the shipped moba-5v5 model from configs/moba-5v5.toml, the same with a 1,024-unit encoder and
+LSTM, and on request connect four's from configs/default.toml with samples of 16 or 8 decisions) it times
+``Learner.update`` (PPO losses, BPTT from each sample's stored state with the game starts inside samples, Adam;
+the batch handed over as numpy arrays, as the optimizer does) and the reference: encoder + one cuDNN/ATen
+``nn.LSTM`` call over the whole [S, T] batch + heads, forward, backward and Adam (without the convolutions of
+a board model). Prints samples/s and decisions/s of both and their ratio.
 """
 
 from __future__ import annotations
@@ -23,7 +25,12 @@ from rapid.config import load_config
 from rapid.opt.learner import Learner
 from rapid.roles.startup import build_policy, env_spec
 
-MODELS = {"moba-5v5": [], "lstm-1024": ["model.hidden=1024", "model.lstm=1024"]}
+# name: (config, overrides, mean game length in decisions of one agent: how often a game starts in a sample)
+MODELS = {"moba-5v5": ("configs/moba-5v5.toml", [], 1200),
+          "lstm-1024": ("configs/moba-5v5.toml", ["model.hidden=1024", "model.lstm=1024"], 1200),
+          "c4-bptt16": ("configs/default.toml", ["rollout.bptt=16"], 11),
+          "c4-bptt8": ("configs/default.toml", ["rollout.bptt=8"], 11)}
+DEFAULT_MODELS = ["moba-5v5", "lstm-1024"]
 
 
 class Reference(nn.Module):
@@ -52,6 +59,7 @@ def make_batch(spec, cfg, samples: int, game_steps: int, rng: np.random.Generato
             "logp": np.full((S, T), -2.0, np.float32), "values": rng.normal(size=(S, T)).astype(np.float32),
             "advantages": rng.normal(size=(S, T)).astype(np.float32),
             "returns": rng.normal(size=(S, T)).astype(np.float32), "active": np.ones((S, T), bool),
+            "own": np.ones((S, T), bool),
             "first": first, "h0": rng.normal(size=(S, L)).astype(np.float32) * 0.1,
             "c0": rng.normal(size=(S, L)).astype(np.float32) * 0.1}
 
@@ -73,9 +81,10 @@ def bench(name: str, device: torch.device, samples: int, repeat: int, game_steps
           ) -> dict[str, tuple[float, float]]:
     """(wall, CPU) seconds per update of: the learner handed numpy arrays, the learner handed a batch staged
     on the device ahead (as a loop that prefetches would), and the reference (its data already there)."""
-    cfg = load_config("configs/moba-5v5.toml", overrides=MODELS[name])
+    path, overrides, own_game_steps = MODELS[name]
+    cfg = load_config(path, overrides=overrides)
     spec = env_spec(cfg)
-    batch = make_batch(spec, cfg, samples, game_steps, np.random.default_rng(0))
+    batch = make_batch(spec, cfg, samples, game_steps or own_game_steps, np.random.default_rng(0))
     learner = Learner(build_policy(cfg, spec), cfg.ppo, device, bf16=bf16)
     t_learner = timed(lambda: learner.update(batch), device, repeat)
     staged = learner.stage(batch)
@@ -91,17 +100,18 @@ def bench(name: str, device: torch.device, samples: int, repeat: int, game_steps
         ref.loss(obs, h0, c0).backward()
         adam.step()
 
-    return {"numpy batch": t_learner, "staged batch": t_staged, "reference": timed(ref_step, device, repeat)}
+    return {"numpy batch": t_learner, "staged batch": t_staged, "reference": timed(ref_step, device, repeat),
+            "bptt": cfg.rollout.bptt}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--samples", type=int, default=8192, help="samples of bptt steps per update")
+    parser.add_argument("--samples", type=int, default=8192, help="samples of bptt decisions per update")
     parser.add_argument("--repeat", type=int, default=10, help="timed updates per measurement")
-    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
-    parser.add_argument("--game-steps", type=int, default=1200, help="mean game length: sets how many samples "
-                        "hold a game start inside (moba 5v5: 1,200 steps)")
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=DEFAULT_MODELS)
+    parser.add_argument("--game-steps", type=int, default=0, help="mean game length in decisions: sets how many "
+                        "samples hold a game start inside (0: the model's game, moba 5v5 1,200, connect four 11)")
     parser.add_argument("--bf16", action="store_true", help="the learner under bfloat16 autocast (CUDA only)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     args = parser.parse_args()
@@ -110,16 +120,18 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    print(f"device={device} samples={args.samples} bptt=16 repeat={args.repeat} bf16={args.bf16} "
+    print(f"device={device} samples={args.samples} repeat={args.repeat} bf16={args.bf16} "
           f"threads={torch.get_num_threads()}")
-    print(f"{'model':<10} {'':<14} {'samples/s':>10} {'ratio':>6}   {'per CPU-second':>14} {'ratio':>6}")
+    print(f"{'model':<10} {'':<14} {'samples/s':>10} {'decisions/s':>12} {'ratio':>6}   {'per CPU-second':>14} "
+          f"{'ratio':>6}")
     n = args.samples
     for name in args.models:
         times = bench(name, device, n, args.repeat, args.game_steps, args.bf16)
+        bptt = times.pop("bptt")
         ref_wall, ref_cpu = times["reference"]
         for kind, (wall, cpu) in times.items():
-            print(f"{name:<10} {kind:<14} {n / wall:>10,.0f} {ref_wall / wall:>6.2f}   {n / cpu:>14,.0f} "
-                  f"{ref_cpu / cpu:>6.2f}", flush=True)
+            print(f"{name:<10} {kind:<14} {n / wall:>10,.0f} {n * bptt / wall:>12,.0f} {ref_wall / wall:>6.2f}   "
+                  f"{n / cpu:>14,.0f} {ref_cpu / cpu:>6.2f}", flush=True)
 
 
 if __name__ == "__main__":

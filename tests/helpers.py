@@ -55,19 +55,21 @@ def kill_group(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def check_beats_random(run: Path, started: float, out: subprocess.CompletedProcess, within_s: float) -> None:
-    """The learning check of a Connect Four run of `rapid train` with ``run.target_win_rate=0.9``: ≥ 90% wins
-    against uniform random over ≥ 200 games within ``within_s`` of ``started``, the run stopped by that target,
-    and independent evaluations of that version, with other seeds, sampling and greedy, confirm it is no fluke."""
+def check_beats_random(run: Path, started: float, out: subprocess.CompletedProcess, within_s: float,
+                       target: float = 0.9) -> None:
+    """The learning check of a Connect Four run of `rapid train` with ``run.target_win_rate=<target>``: at least
+    ``target`` wins against uniform random over ≥ 200 games within ``within_s`` of ``started``, the run stopped
+    by that target, and independent evaluations of that version, with other seeds, sampling and greedy, confirm
+    it is no fluke (0.1 below the target, for the spread of 400 games)."""
     evals = [e for e in read_jsonl(run / "logs" / "eval.jsonl") if e.get("opponent") == "random"]
     curve = [(round(e["time"] - started), e["version"], e["win_rate"]) for e in evals]
     print("win-rate curve (s, version, win rate):", curve)
-    reached = [e for e in evals if e["games"] >= 200 and e["win_rate"] >= 0.9]
-    assert reached, f"never reached 90% vs random: {curve}\n{out.stdout[-2000:]}"
+    reached = [e for e in evals if e["games"] >= 200 and e["win_rate"] >= target]
+    assert reached, f"never reached {target:.0%} vs random: {curve}\n{out.stdout[-2000:]}"
     assert reached[0]["time"] - started <= within_s
-    assert "target win rate 0.9 reached" in out.stdout
+    assert f"target win rate {target:g} reached" in out.stdout
     for greedy in ([], ["--greedy"]):  # as trained, and as the benchmark plays it (most likely moves)
         check = rapid("eval", "--run-dir", str(run), "--version", str(reached[0]["version"]), "--against", "random",
                       "--games", "400", "--seed", "777", *greedy)
         win_rate = float(check.stdout.split("win rate ")[1].split()[0])
-        assert win_rate >= 0.8, check.stdout
+        assert win_rate >= target - 0.1, check.stdout

