@@ -105,10 +105,11 @@ class Decisions:
         ends = self.done[:, self.size - 1] & (self.n == self.size)
         return np.flatnonzero((self.n == self.size + 1) | ends)
 
-    def take(self, rows: np.ndarray, gamma: float, lam: float) -> tuple[dict[str, np.ndarray], list[str]]:
+    def take(self, rows: np.ndarray, gamma: float, lam: float) -> dict[str, np.ndarray]:
         """The complete segments of ``rows`` as samples [rows·size/bptt, bptt, ...] with advantages and
-        returns (``gamma`` per game step), and the opponent ids the samples' ``opponent`` indexes; the
-        rows keep only the decision after their segment."""
+        returns (``gamma`` per game step); ``opponent`` holds each sample's opponent id (the experience format
+        wants an index: ``RolloutWorker.collect`` makes it). The rows keep only the decision after their
+        segment."""
         T, L = self.size, self.bptt
         bootstrap = np.where(self.n[rows] > T, self.values[rows, T], 0.0)
         seg = {name: getattr(self, name)[rows, :T] for name in PER_DECISION}
@@ -127,11 +128,9 @@ class Decisions:
         arrays["h0"] = np.ascontiguousarray(self.h0[rows, :T // L].reshape(per_sample, lstm))
         arrays["c0"] = np.ascontiguousarray(self.c0[rows, :T // L].reshape(per_sample, lstm))
         arrays["version"] = samples(seg["version"]).min(1)
-        opponents = samples(seg["opponent"])[:, 0]
-        ids = sorted(set(opponents.tolist()))
-        arrays["opponent"] = np.array([ids.index(o) for o in opponents], np.int32)
+        arrays["opponent"] = samples(seg["opponent"])[:, 0].astype(str)
         self._keep_the_next_decision(rows)
-        return arrays, ids
+        return arrays
 
     def _keep_the_next_decision(self, rows: np.ndarray) -> None:
         carry = rows[self.n[rows] > self.size]

@@ -173,7 +173,7 @@ class RolloutWorker:
         and returns (rows whose segment is not complete yet carry it over to the next call)."""
         s = self.settings
         R = self.B * self.A
-        parts: list[tuple[dict[str, np.ndarray], list[str]]] = []
+        parts: list[dict[str, np.ndarray]] = [self.decisions.take(np.zeros(0, np.int64), s.gamma, s.gae_lambda)]
         episodes: list[dict] = []
         for _ in range(s.segment_steps):
             step = self.step_result
@@ -188,10 +188,7 @@ class RolloutWorker:
             complete = self.decisions.complete()
             if len(complete):
                 parts.append(self.decisions.take(complete, s.gamma, s.gae_lambda))
-        if not parts:
-            parts.append(self.decisions.take(np.zeros(0, np.int64), s.gamma, s.gae_lambda))
-        ids = sorted({o for _, part_ids in parts for o in part_ids})
-        arrays = {k: np.concatenate([a[k] for a, _ in parts]) for k in parts[0][0]}
-        arrays["opponent"] = np.concatenate([np.array([ids.index(o) for o in part_ids], np.int32)[a["opponent"]]
-                                             if len(a["opponent"]) else a["opponent"] for a, part_ids in parts])
-        return Segment(arrays, ids, episodes, s.segment_steps * R)
+        arrays = {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
+        ids, index = np.unique(arrays["opponent"], return_inverse=True)
+        arrays["opponent"] = index.astype(np.int32).reshape(-1)
+        return Segment(arrays, ids.tolist(), episodes, s.segment_steps * R)

@@ -25,10 +25,10 @@ def test_a_decision_is_discounted_over_every_game_step_until_the_agents_next_one
         reward = np.array([1.0, 0.0, 0.0]) if t == steps - 1 else np.zeros(3)
         d.after_step(reward, ended=np.full(3, t == steps - 1))
     assert d.complete().tolist() == [0, 1, 2]
-    arrays, ids = d.take(np.array([0]), gamma=GAMMA, lam=1.0)
+    arrays = d.take(np.array([0]), gamma=GAMMA, lam=1.0)
     np.testing.assert_allclose(arrays["returns"].ravel(), [GAMMA ** 9, GAMMA ** 6, GAMMA ** 3, 1.0], rtol=1e-6)
     assert arrays["first"].ravel().tolist() == [True, False, False, False]
-    assert ids == ["latest"] and arrays["version"].tolist() == [5, 5]
+    assert arrays["opponent"].tolist() == ["latest", "latest"] and arrays["version"].tolist() == [5, 5]
     assert d.n[0] == 0 and d.complete().tolist() == [1, 2]
 
 
@@ -38,7 +38,7 @@ def test_a_segment_bootstraps_from_the_next_decision_which_starts_the_next_segme
         d.record(np.array([0]), version=k, opponents=["latest"], **inputs(1, value=10.0 * k, h=k + 1))
         d.after_step(np.zeros(1), ended=np.zeros(1, bool))
         assert d.complete().tolist() == ([0] if k == 4 else [])
-    arrays, _ = d.take(np.array([0]), gamma=GAMMA, lam=1.0)
+    arrays = d.take(np.array([0]), gamma=GAMMA, lam=1.0)
     assert arrays["returns"][1, 1] == np.float32(GAMMA * 40.0)   # the fifth decision's value
     assert arrays["version"].tolist() == [0, 2]                  # a sample is as old as its oldest decision
     assert arrays["h0"][:, 0].tolist() == [1.0, 3.0]             # the state before each sample's first decision
@@ -56,6 +56,6 @@ def test_a_row_lent_to_an_opponent_keeps_its_segment_until_it_plays_again():
     assert d.complete().tolist() == []
     d.record(np.array([0]), version=2, opponents=["latest"], **inputs(1))
     d.after_step(np.array([1.0]), ended=np.ones(1, bool))
-    arrays, ids = d.take(d.complete(), gamma=GAMMA, lam=1.0)
+    arrays = d.take(d.complete(), gamma=GAMMA, lam=1.0)
     assert arrays["returns"].tolist() == [[-1.0, 1.0]] and arrays["first"].tolist() == [[True, True]]
-    assert ids == ["v3"] and arrays["opponent"].tolist() == [0]
+    assert arrays["opponent"].tolist() == ["v3"], "a sample's opponent is its first decision's"
