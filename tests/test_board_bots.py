@@ -8,7 +8,8 @@ from pettingzoo.classic import connect_four_v3
 from rapid.config import Config
 from rapid.envs.board_bots import LookaheadBot, clone_game, lookahead_move
 from rapid.envs.registry import make_env
-from rapid.matches import make_player, play_match
+from rapid.matches import PolicyPlayer, make_player, play_match
+from rapid.opt.model import Policy
 
 C4 = "pettingzoo.classic.connect_four_v3"
 
@@ -67,3 +68,17 @@ def test_a_match_shows_its_watch_only_player_a_moves_in_games_that_count():
                         watch=watch)
     moves = result.mean_length * 6
     assert abs(sum(seen) - moves / 2) <= 3, (sum(seen), moves)  # A makes half the moves, give or take a first
+
+
+def test_a_policy_player_steps_only_the_player_to_move_in_a_turn_based_game():
+    """As in training (rapid.decisions): the waiting player's LSTM state does not move on the opponent's turn."""
+    env = make_env(C4, num_games=3)
+    player = PolicyPlayer(Policy(env.spec.obs_dim, env.spec.action_heads, hidden=8, lstm=8), env.spec, "p")
+    step = env.reset(seed=0)
+    actions = player.act(step)
+    h = player.state[0].reshape(3, 2, -1)
+    assert (h[:, 0].abs().sum(-1) > 0).all() and (h[:, 1] == 0).all()   # player_0 moves first
+    step = env.step(actions)
+    before = h[:, 0].clone()
+    player.act(step)
+    assert (player.state[0].reshape(3, 2, -1)[:, 0] == before).all() and (h[:, 1].abs().sum(-1) > 0).all()
