@@ -114,8 +114,8 @@ class Learner:
         b = self.stage(batch)
         policy, norm = self.policy, self.policy.obs_norm
         active = b["active"].float()
-        # The value head learns every step of the learner's rows, its turns and its waits in turn-based games
-        # alike: GAE bootstraps through the values of waiting steps too.
+        # The value head learns every step of the learner's rows, inactive ones too (a dead hero in a parallel
+        # game): GAE bootstraps through their values. Turn-based samples hold the agent's decisions only.
         own = b["own"].float()
         ones = torch.ones(b["obs"].shape[:-1], device=self.device)
         # One collective pools every statistic of the batch: the active-step count that normalizes the losses
