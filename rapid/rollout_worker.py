@@ -143,14 +143,14 @@ class RolloutWorker:
                 continue
             idx = rows.numpy()
             net = self.policy if opp is None else opp.policy
-            before = (h[rows].numpy(), c[rows].numpy())
-            out = net.act(obs[rows], mask[rows], (h[rows], c[rows]))
+            inputs, before = (obs[rows], mask[rows]), (h[rows], c[rows])  # indexing copies: read once, kept
+            out = net.act(*inputs, before)
             actions[idx] = out.actions.numpy()
             h[rows], c[rows] = out.state
             if opp is None:
-                self.decisions.record(idx, step.obs.reshape(B * A, -1)[idx], step.action_mask.reshape(B * A, -1)[idx],
-                                      actions[idx], out.logp.numpy(), out.value.numpy(),
-                                      step.active.reshape(B * A)[idx], *before, version=self.version,
+                self.decisions.record(idx, inputs[0].numpy(), inputs[1].numpy(), actions[idx], out.logp.numpy(),
+                                      out.value.numpy(), step.active.reshape(B * A)[idx], before[0].numpy(),
+                                      before[1].numpy(), version=self.version,
                                       opponents=[self.game_opponent[r // A].id for r in idx])
         return actions
 
