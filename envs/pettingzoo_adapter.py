@@ -128,6 +128,12 @@ class PettingZooVecEnv(VecMultiAgentEnv):
             turn_based=not self.parallel,
         )
         self.offsets = head_offsets(heads)
+        # Where each agent's own choices sit in the mask row (its heads may be smaller than the widest).
+        self._own_slots = [np.concatenate([self.offsets[h] + np.arange(n) for h, n in enumerate(own)])
+                           for own in head_sets]
+        self._own_mask = np.zeros((len(agents), self.spec.mask_dim), dtype=bool)
+        for i, slots in enumerate(self._own_slots):
+            self._own_mask[i, slots] = True
         self._episode = np.zeros(num_games, dtype=np.int64)
         self._length = np.zeros(num_games, dtype=np.int64)
         self._returns = np.zeros((num_games, len(agents)), dtype=np.float64)
@@ -148,21 +154,15 @@ class PettingZooVecEnv(VecMultiAgentEnv):
             obs = obs["observation"]
         if mask is None and info:
             mask = info.get("action_mask")
-        flat = np.asarray(obs, dtype=np.float32).ravel()
-        self._obs[b, i, :] = 0.0
-        self._obs[b, i, :flat.size] = flat
-        row = np.zeros(self.spec.mask_dim, dtype=bool)
-        for h, n in enumerate(self.own_heads[i]):
-            row[self.offsets[h]:self.offsets[h] + n] = True
+        flat = np.asarray(obs).reshape(-1)
+        row = self._obs[b, i]
+        row[:flat.size] = flat
+        row[flat.size:] = 0.0
+        self._mask[b, i] = self._own_mask[i]
         if mask is not None and active:
-            mask = np.asarray(mask, dtype=bool).ravel()
-            if mask.size == sum(self.own_heads[i]) and mask.any():
-                row[:] = False
-                pos = 0
-                for h, n in enumerate(self.own_heads[i]):
-                    row[self.offsets[h]:self.offsets[h] + n] = mask[pos:pos + n]
-                    pos += n
-        self._mask[b, i] = row
+            mask = np.asarray(mask, dtype=bool).reshape(-1)
+            if mask.size == self._own_slots[i].size and mask.any():
+                self._mask[b, i, self._own_slots[i]] = mask
         self._active[b, i] = active
 
     def _reset_game(self, b: int) -> None:
@@ -178,10 +178,12 @@ class PettingZooVecEnv(VecMultiAgentEnv):
                 self._write_agent(b, agent, obs[agent], infos.get(agent), True)
         else:
             game.reset(seed=self._game_seed(b))
-            self._observe_aec(b)
+            self._observe_aec(b, self._live(self.cores[b]))
 
     def _clear_departed(self, b: int, present: list[str]) -> None:
         """Agents no longer in the game: zero observation, every action allowed, inactive."""
+        if len(present) == self.spec.num_agents:
+            return
         for agent in self.spec.agent_names:
             if agent not in present:
                 i = self.index[agent]
@@ -189,11 +191,13 @@ class PettingZooVecEnv(VecMultiAgentEnv):
                 self._mask[b, i] = True
                 self._active[b, i] = False
 
-    def _observe_aec(self, b: int) -> None:
+    def _live(self, game: Any) -> list[str]:
+        return [a for a in game.agents if not (game.terminations[a] or game.truncations[a])]
+
+    def _observe_aec(self, b: int, live: list[str]) -> None:
         """The player to move observes; the others keep what they saw on their last turn (a policy steps a
         turn-based agent only on its turns: ``EnvSpec.moving``), which halves the observing."""
         game = self.cores[b]
-        live = [a for a in game.agents if not (game.terminations[a] or game.truncations[a])]
         self._active[b] = False
         mover = game.agent_selection
         if mover in live:
@@ -237,16 +241,19 @@ class PettingZooVecEnv(VecMultiAgentEnv):
         terminated = np.zeros(B, dtype=bool)
         truncated = np.zeros(B, dtype=bool)
         episodes: list[EpisodeStats] = []
+        ended = []
         for b, game in enumerate(self.cores):
             if self.parallel:
                 done, cut = self._step_parallel(b, game, actions, rewards)
             else:
                 done, cut = self._step_aec(b, game, actions, rewards)
-            self._length[b] += 1
-            self._returns[b] += rewards[b]
             if done:
                 terminated[b], truncated[b] = not cut, cut
-                self._finish(b, cut, episodes)
+                ended.append(b)
+        self._length += 1
+        self._returns += rewards
+        for b in ended:
+            self._finish(b, bool(truncated[b]), episodes)
         return self._result(rewards, terminated, truncated, episodes)
 
     def _step_parallel(self, b, game, actions, rewards) -> tuple[bool, bool]:
@@ -267,13 +274,13 @@ class PettingZooVecEnv(VecMultiAgentEnv):
         while True:
             for other, r in game.rewards.items():
                 rewards[b, self.index[other]] += r
-            alive = [a for a in game.agents if not (game.terminations[a] or game.truncations[a])]
+            alive = self._live(game)
             dead_turn = game.terminations[game.agent_selection] or game.truncations[game.agent_selection]
             if not (alive and dead_turn):
                 break
             game.step(None)  # an eliminated player's dead step: nobody moves
         if alive:
-            self._observe_aec(b)
+            self._observe_aec(b, alive)
             return False, False
         cut = any(game.truncations.values()) and not any(game.terminations.values())
         return True, cut
