@@ -112,7 +112,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=DEFAULT_MODELS)
     parser.add_argument("--game-steps", type=int, default=0, help="mean game length in decisions: sets how many "
                         "samples hold a game start inside (0: the model's game, moba 5v5 1,200, connect four 11)")
-    parser.add_argument("--bf16", action="store_true", help="the learner under bfloat16 autocast (CUDA only)")
+    parser.add_argument("--bf16", action="store_true",
+                        help="the learner under bfloat16 autocast (CUDA, or a CPU with bfloat16 units)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -49,10 +49,23 @@ STAGED = ("obs", "mask", "actions", "logp", "values", "advantages", "returns", "
 DIAGNOSTICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
 
 
+def bf16_native(device: torch.device) -> bool:
+    """Whether ``device`` computes bfloat16 in hardware: a CUDA GPU from Ampere on, or a CPU with AVX-512 BF16
+    or AMX tiles (oneDNN's fast bf16 paths). Elsewhere bfloat16 is emulated and slower than float32."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    if device.type == "cpu":
+        probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        # torch.cpu's probes are private: a torch without them counts as no bfloat16 units.
+        return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+    return False
+
+
 class Learner:
     """``microbatch_samples``: gradient accumulation chunk (0: the whole batch at once); the gradient is the
-    same either way. ``bf16``: on CUDA, forward and backward under bfloat16 autocast (faster; the log-probs
-    then agree with the workers' to about 1e-2 instead of 1e-5). ``world_size``: the number of ranks, whose
+    same either way. ``bf16``: forward and backward under bfloat16 autocast, on CUDA or CPU (faster where the
+    device has bfloat16 units: :func:`bf16_native`; the log-probs then agree with the workers' to about 1e-2
+    instead of 1e-5). ``world_size``: the number of ranks, whose
     means ``all_reduce_scalars`` returns."""
 
     def __init__(self, policy: Policy, ppo: PPOConfig, device: torch.device | str = "cpu",
@@ -137,7 +150,7 @@ class Learner:
         # Where games start inside samples, read from the host's copy (if any): the device need not wait for it.
         first = batch["first"] if isinstance(batch["first"], np.ndarray) else b["first"].cpu().numpy()
         runs = [ResetFreeRuns.of(first[start:start + chunk]).to(self.device) for start in range(0, S, chunk)]
-        autocast = torch.autocast("cuda", torch.bfloat16, enabled=self.bf16 and self.device.type == "cuda")
+        autocast = torch.autocast(self.device.type, torch.bfloat16, enabled=self.bf16)
         self.adam.zero_grad(set_to_none=True)
         diag = torch.zeros(len(DIAGNOSTICS), device=self.device)
         values = []

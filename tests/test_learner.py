@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rapid.opt.config import PPOConfig
-from rapid.opt.learner import Learner
+from rapid.opt.learner import Learner, bf16_native
 from tests.learner_data import make_policy, played_batch
 from tests.test_distributed import mpiexec
 
@@ -169,6 +169,37 @@ def test_update_on_device(device):
     bad = {**batch, "obs": np.full_like(batch["obs"], 3e38)}
     assert learner.update(bad)["skipped"] == 1.0
     assert all(np.array_equal(after[k], v) for k, v in policy.tensors().items())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_bf16_update_follows_the_fp32_gradient(device):
+    """bfloat16 autocast (``optimizer.precision``) on CPU or CUDA: fresh data stays near ratio 1 and the
+    gradient points where the float32 one does."""
+    batch = played_batch(make_policy(0), S=16, seed=10)
+    grads, stats = {}, {}
+    for bf16 in (False, True):
+        record = GradRecorder()
+        learner = Learner(make_policy(0, device), PPOConfig(lr=1e-3), device, bf16=bf16, all_reduce=record)
+        stats[bf16] = learner.update(batch)
+        grads[bf16] = torch.cat([g.flatten().float().cpu() for g in record.grads.values()])
+        assert stats[bf16]["skipped"] == 0.0 and learner.updates == 1
+    assert stats[False]["approx_kl"] == pytest.approx(0.0, abs=1e-5)
+    assert 0.0 < abs(stats[True]["approx_kl"]) < 1e-2  # bfloat16 rounding shows, within PPO's noise
+    cosine = torch.nn.functional.cosine_similarity(grads[False], grads[True], dim=0)
+    assert cosine > 0.99
+    assert not torch.equal(grads[False], grads[True])
+
+
+def test_bf16_native_is_false_where_bfloat16_would_be_emulated(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    assert not bf16_native(cpu)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    assert bf16_native(cpu)
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")
+    assert not bf16_native(cpu)  # a torch without the probes
 
 
 @pytest.mark.parametrize("device", DEVICES)

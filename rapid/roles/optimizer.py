@@ -34,7 +34,7 @@ from rapid.lease import RunLease
 from rapid.loader import ExperienceLoader
 from rapid.monitoring.metrics import OptimizerMetrics
 from rapid.opt.buffer import ExperienceBuffer
-from rapid.opt.learner import Learner
+from rapid.opt.learner import Learner, bf16_native
 from rapid.param_store import ParameterStore
 from rapid.publisher import BackgroundWriter
 from rapid.roles.optimizer_report import OptimizerReport
@@ -120,9 +120,14 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
     spec = env_spec(cfg)
     policy = build_policy(cfg, spec)
     device = pick_device(cfg, rank.local_rank)
-    learner = Learner(policy, cfg.ppo, device, microbatch_samples=cfg.optimizer.microbatch_samples,
+    precision = cfg.optimizer.precision
+    bf16 = precision == "bf16" or (precision == "auto" and bf16_native(device))
+    learner = Learner(policy, cfg.ppo, device, microbatch_samples=cfg.optimizer.microbatch_samples, bf16=bf16,
                       all_reduce=ctx.all_reduce_gradients if ctx else None,
                       all_reduce_scalars=ctx.all_reduce_scalars if ctx else None, world_size=rank.size)
+    if lead:
+        log.info("learner on %s in %s (optimizer.precision = %s)", device, "bfloat16" if bf16 else "float32",
+                 precision)
 
     # Where this run stands: a fresh start publishes version 0; a resume loads the newest usable checkpoint
     # and continues after the newest version in use anywhere in the store, so no version is used twice.
