@@ -53,7 +53,7 @@ def bf16_native(device: torch.device) -> bool:
     """Whether ``device`` computes bfloat16 in hardware: a CUDA GPU from Ampere on, or a CPU with AVX-512 BF16
     or AMX tiles (oneDNN's fast bf16 paths). Elsewhere bfloat16 is emulated and slower than float32."""
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(including_emulation=False)
+        return torch.cuda.get_device_capability(device) >= (8, 0)
     if device.type == "cpu":
         probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
         # torch.cpu's probes are private: a torch without them counts as no bfloat16 units.
@@ -65,8 +65,7 @@ class Learner:
     """``microbatch_samples``: gradient accumulation chunk (0: the whole batch at once); the gradient is the
     same either way. ``bf16``: forward and backward under bfloat16 autocast, on CUDA or CPU (faster where the
     device has bfloat16 units: :func:`bf16_native`; the log-probs then agree with the workers' to about 1e-2
-    instead of 1e-5). ``world_size``: the number of ranks, whose
-    means ``all_reduce_scalars`` returns."""
+    instead of 1e-5). ``world_size``: the number of ranks, whose means ``all_reduce_scalars`` returns."""
 
     def __init__(self, policy: Policy, ppo: PPOConfig, device: torch.device | str = "cpu",
                  microbatch_samples: int = 0, bf16: bool = False,
