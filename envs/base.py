@@ -54,6 +54,11 @@ class EnvSpec:
     turn_based: bool = False
     """Players take turns (PettingZoo's AEC games): a policy steps an agent only on its own turns, so the
     agent's memory and samples hold its decisions, not its waits. Otherwise every agent steps every step."""
+    clock_in_obs: bool = False
+    """The observation shows the game's clock, so a game cut at its time limit ends for the agents as one
+    ended by its rules (the moba game: the limit decides the winner). Otherwise a cut is not the agent's
+    doing and nothing it could see coming: learning bootstraps from the value of its view at the cut
+    (``StepResult.final_obs``)."""
 
     @property
     def mask_dim(self) -> int:
@@ -98,6 +103,10 @@ class StepResult:
     """bool [B, A]: the agent's action on the next step matters (False for a player waiting for its
     turn, or a dead agent). Learning ignores inactive steps' actions."""
     episodes: list[EpisodeStats] = field(default_factory=list)
+    final_obs: np.ndarray | None = None
+    """float32 [B, A, obs_dim]: in the games cut at a time limit on the previous step (``truncated``), each
+    agent's view at the cut, before the reset (zeros for agents that had left, and in other games); None when
+    no game was cut, or the env keeps no such view."""
 
     @property
     def done(self) -> np.ndarray:

@@ -140,6 +140,7 @@ class PettingZooVecEnv(VecMultiAgentEnv):
         self._obs = np.zeros((num_games, len(agents), self.spec.obs_dim), dtype=np.float32)
         self._mask = np.ones((num_games, len(agents), self.spec.mask_dim), dtype=bool)
         self._active = np.zeros((num_games, len(agents)), dtype=bool)
+        self._final = np.zeros_like(self._obs)
 
     # --- per-game helpers -------------------------------------------------------------------------
 
@@ -254,7 +255,15 @@ class PettingZooVecEnv(VecMultiAgentEnv):
         self._returns += rewards
         for b in ended:
             self._finish(b, bool(truncated[b]), episodes)
-        return self._result(rewards, terminated, truncated, episodes)
+        final = np.where(truncated[:, None, None], self._final, 0.0).astype(np.float32) if truncated.any() else None
+        return self._result(rewards, terminated, truncated, episodes, final)
+
+    def _keep_final_views(self, b: int, views: dict[str, Any]) -> None:
+        """Each agent's view at a time-limit cut, before the reset (``StepResult.final_obs``)."""
+        self._obs[b] = 0.0
+        for agent, view in views.items():
+            self._write_agent(b, agent, view, None, False)
+        self._final[b] = self._obs[b]
 
     def _step_parallel(self, b, game, actions, rewards) -> tuple[bool, bool]:
         live = list(game.agents)
@@ -267,6 +276,8 @@ class PettingZooVecEnv(VecMultiAgentEnv):
         if game.agents and not all(terms.get(a, False) or truncs.get(a, False) for a in game.agents):
             return False, False
         cut = any(truncs.values()) and not any(terms.values())
+        if cut:
+            self._keep_final_views(b, {a: o for a, o in obs.items() if truncs.get(a, False)})
         return True, cut
 
     def _step_aec(self, b, game, actions, rewards) -> tuple[bool, bool]:
@@ -283,12 +294,14 @@ class PettingZooVecEnv(VecMultiAgentEnv):
             self._observe_aec(b, alive)
             return False, False
         cut = any(game.truncations.values()) and not any(game.terminations.values())
+        if cut:
+            self._keep_final_views(b, {a: game.observe(a) for a in game.agents if game.truncations[a]})
         return True, cut
 
-    def _result(self, rewards, terminated, truncated, episodes) -> StepResult:
+    def _result(self, rewards, terminated, truncated, episodes, final_obs=None) -> StepResult:
         return StepResult(obs=self._obs.copy(), action_mask=self._mask.copy(), rewards=rewards,
                           terminated=terminated, truncated=truncated, active=self._active.copy(),
-                          episodes=episodes)
+                          episodes=episodes, final_obs=final_obs)
 
     def bot_names(self) -> tuple[str, ...]:
         """``random`` for every game; ``lookahead`` too for turn-based games with one discrete action."""

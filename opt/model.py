@@ -219,7 +219,7 @@ class Policy(nn.Module):
 
     @torch.no_grad()
     def value(self, obs: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """Value (return units) of ``obs`` without advancing anyone's state: the bootstrap at a segment end."""
+        """Value (return units) of ``obs`` without advancing anyone's state: the bootstrap where a game is cut."""
         h, _ = self._core(obs, state)
         return self.value_head(h).squeeze(-1) * self.return_scale.float()
 

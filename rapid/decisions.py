@@ -33,8 +33,8 @@ import numpy as np
 
 from rapid.opt import losses
 
-PER_DECISION = ("obs", "mask", "actions", "logp", "values", "rewards", "gaps", "done", "first", "active", "version",
-                "opponent")
+PER_DECISION = ("obs", "mask", "actions", "logp", "values", "rewards", "gaps", "done", "cut_value", "first", "active",
+                "version", "opponent")
 
 
 class Decisions:
@@ -54,6 +54,8 @@ class Decisions:
         self.gaps = np.zeros((rows, cap), np.int64)
         """Game steps from each decision to the row's next one (or to the end of its game)."""
         self.done = np.zeros((rows, cap), bool)
+        self.cut_value = np.zeros((rows, cap), np.float32)
+        """The value of the row's view where its game was cut at a time limit after this decision (else 0)."""
         self.first = np.zeros((rows, cap), bool)
         self.active = np.zeros((rows, cap), bool)
         self.version = np.zeros((rows, cap), np.int64)
@@ -78,6 +80,7 @@ class Decisions:
         self.rewards[rows, k] = 0.0
         self.gaps[rows, k] = 0
         self.done[rows, k] = False
+        self.cut_value[rows, k] = 0.0
         self.first[rows, k] = self.fresh[rows]
         self.version[rows, k] = version
         self.opponent[rows, k] = np.asarray(opponents, dtype=object)
@@ -88,15 +91,19 @@ class Decisions:
         self.in_game[rows] = True
         self.n[rows] = k + 1
 
-    def after_step(self, rewards: np.ndarray, ended: np.ndarray) -> None:
+    def after_step(self, rewards: np.ndarray, ended: np.ndarray, cut_values: np.ndarray | None = None) -> None:
         """One game step went by: ``rewards`` [rows] are earned by each row's last decision; ``ended`` [rows]
-        rows whose game ended (a row in the next game starts afresh)."""
+        rows whose game ended (a row in the next game starts afresh); ``cut_values`` [rows] the value of each
+        row's view where its game was cut at a time limit (0 elsewhere), which its last decision bootstraps
+        from."""
         live = np.flatnonzero(self.in_game)
         last = self.n[live] - 1
         self.rewards[live, last] += rewards[live]
         self.gaps[live, last] += 1
         over = np.flatnonzero(ended & self.in_game)
         self.done[over, self.n[over] - 1] = True
+        if cut_values is not None:
+            self.cut_value[over, self.n[over] - 1] = cut_values[over]
         self.in_game[ended] = False
         self.fresh[ended] = True
 
@@ -114,7 +121,10 @@ class Decisions:
         bootstrap = np.where(self.n[rows] > T, self.values[rows, T], 0.0)
         seg = {name: getattr(self, name)[rows, :T] for name in PER_DECISION}
         discount = gamma ** seg["gaps"].astype(np.float64)
-        adv, ret = losses.gae(seg["rewards"].T, seg["values"].T, seg["done"].T, bootstrap, discount.T, lam)
+        # A game cut at a time limit ends the trajectory but not the agent's prospects: the decision before the
+        # cut earns the discounted value of the view there (a TD target through the reset).
+        rewards = seg["rewards"] + discount * seg["cut_value"]
+        adv, ret = losses.gae(rewards.T, seg["values"].T, seg["done"].T, bootstrap, discount.T, lam)
         per_sample = len(rows) * (T // L)
 
         def samples(x: np.ndarray) -> np.ndarray:

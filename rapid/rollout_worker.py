@@ -154,6 +154,20 @@ class RolloutWorker:
                                       opponents=[self.game_opponent[r // A].id for r in idx])
         return actions
 
+    def _values_at_cuts(self, nxt: StepResult) -> np.ndarray | None:
+        """[rows]: the learner's value of its view where a game was cut at a time limit the agent could not see
+        (``EnvSpec.clock_in_obs``), from its memory before the reset; 0 elsewhere. None if nothing was cut."""
+        if nxt.final_obs is None or self.env.spec.clock_in_obs:
+            return None
+        R = self.B * self.A
+        values = np.zeros(R, np.float32)
+        rows = np.flatnonzero(np.repeat(nxt.truncated, self.A) & self.decisions.in_game)
+        if len(rows):
+            index = torch.from_numpy(rows)
+            views = torch.from_numpy(nxt.final_obs.reshape(R, -1)[rows])
+            values[rows] = self.policy.value(views, (self.state[0][index], self.state[1][index])).numpy()
+        return values
+
     def _game_over(self, b: int, ep, episodes: list[dict]) -> None:
         opp = self.game_opponent[b]
         side = int(self.learner_side[b])
@@ -181,7 +195,7 @@ class RolloutWorker:
             actions = self._act(step, moving)
             nxt = self.env.step(actions.reshape(self.B, self.A, -1))
             rewards = losses.mix_rewards(nxt.rewards, self.sides, s.team_spirit, s.zero_sum)
-            self.decisions.after_step(rewards.reshape(R), np.repeat(nxt.done, self.A))
+            self.decisions.after_step(rewards.reshape(R), np.repeat(nxt.done, self.A), self._values_at_cuts(nxt))
             for ep in nxt.episodes:
                 self._game_over(ep.game, ep, episodes)
             self.step_result = nxt

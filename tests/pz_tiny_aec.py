@@ -2,8 +2,8 @@
 
 ``player_0``, ``player_1`` and ``player_2`` move in turn (Discrete(2), any action). ``eliminate`` is knocked out
 on its first move (reward -1) and takes PettingZoo's dead step (action ``None``) when its turn comes round; the
-other two play on. After ``length`` live moves the game ends and ``player_0`` scores +1. Each observation is
-(moves so far, own index).
+other two play on. After ``length`` live moves the game ends and ``player_0`` scores +1 (with ``cut``, the game is
+truncated there instead: a time limit). Each observation is (moves so far, own index).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ AGENTS = ["player_0", "player_1", "player_2"]
 class TinyTurns(AECEnv):
     metadata = {"name": "tiny_turns_v0", "render_modes": [], "is_parallelizable": False}
 
-    def __init__(self, length: int = 7, eliminate: str = "player_1"):
+    def __init__(self, length: int = 7, eliminate: str = "player_1", cut: bool = False):
         super().__init__()
         self.possible_agents = list(AGENTS)
-        self.length, self.eliminate = length, eliminate
+        self.length, self.eliminate, self.cut = length, eliminate, cut
         self.agents = []
 
     def observation_space(self, agent):
@@ -65,7 +65,9 @@ class TinyTurns(AECEnv):
         if agent == self.eliminate:
             self.terminations[agent] = True
             self.rewards[agent] = -1.0
-        if self.moves >= self.length:
+        if self.moves >= self.length and self.cut:
+            self.truncations = dict.fromkeys(self.agents, True)
+        elif self.moves >= self.length:
             self.terminations = dict.fromkeys(self.agents, True)
             self.rewards["player_0"] += 1.0
         self._accumulate_rewards()

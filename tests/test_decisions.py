@@ -59,3 +59,22 @@ def test_a_row_lent_to_an_opponent_keeps_its_segment_until_it_plays_again():
     arrays = d.take(d.complete(), gamma=GAMMA, lam=1.0)
     assert arrays["returns"].tolist() == [[-1.0, 1.0]] and arrays["first"].tolist() == [[True, True]]
     assert arrays["opponent"].tolist() == ["v3"], "a sample's opponent is its first decision's"
+
+
+def test_a_game_cut_at_a_time_limit_bootstraps_from_the_value_of_the_view_at_the_cut():
+    """A cut is not an end the agent could see: its last decision earns r + γ^gap · V(view at the cut), where a
+    game ended by its rules gives r alone. The next game starts afresh either way."""
+    returns = {}
+    for cut_value in (None, 4.0):
+        d = Decisions(rows=2, size=2, bptt=2, obs_dim=2, mask_dim=3, heads=1, lstm=4)
+        for t in range(2):  # row 0 moves on both steps of its game; row 1 waits (a turn-based game)
+            d.record(np.array([0]), version=1, opponents=["latest"], **inputs(1, value=1.0))
+            ended = np.full(2, t == 1)
+            cuts = None if cut_value is None or t == 0 else np.array([cut_value, 0.0])
+            d.after_step(np.array([0.5, 0.0]), ended=ended, cut_values=cuts)
+        assert d.complete().tolist() == [0]
+        returns[cut_value] = d.take(np.array([0]), gamma=GAMMA, lam=1.0)["returns"].ravel()
+        assert d.fresh.all() and not d.in_game.any()
+    np.testing.assert_allclose(returns[None], [0.5 + GAMMA * 0.5, 0.5], rtol=1e-6)
+    last = 0.5 + GAMMA * 4.0
+    np.testing.assert_allclose(returns[4.0], [0.5 + GAMMA * last, last], rtol=1e-6)

@@ -49,6 +49,7 @@ def test_spec_and_options() -> None:
     env = MobaVecEnv(num_games=2, seed=0, heroes_per_side=5)
     assert env.spec.num_agents == 10 and env.spec.side_of_agent == (0,) * 5 + (1,) * 5
     assert env.spec.seconds_per_step == 0.5 and env.spec.action_heads[:2] == (6, 8)
+    assert env.spec.clock_in_obs, "the time limit decides a moba game, and its observation shows the time"
     step = env.reset()
     assert step.obs.shape == (2, 10, env.spec.obs_dim) and step.obs.dtype == np.float32
     assert step.action_mask.shape == (2, 10, env.spec.mask_dim)

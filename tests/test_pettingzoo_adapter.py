@@ -195,6 +195,32 @@ def test_turn_based_eliminated_player_is_inactive():
     assert p1_rewards == -1.0
 
 
+def test_a_cut_game_hands_over_each_agents_view_at_the_cut():
+    """At a time limit the adapter keeps what every agent still in the game saw before the reset
+    (``final_obs``), so learning can bootstrap from it; games that end by their rules give none."""
+    aec = PettingZooVecEnv(TINY_AEC, num_games=2, seed=0, options={"length": 7, "cut": True})
+    par = PettingZooVecEnv(TINY, num_games=2, seed=0, options={"max_steps": 5, "die_at": 2})
+    expected = {aec: (7, [[7, 0], [0, 0], [7, 2]]),                 # (moves, own index); player_1 knocked out
+                par: (5, [[6, 6, 6], [6, 6, 6], [6, 6, 0], [0, 0, 0]])}  # step 5 + 1, zero-padded; blue_1 died
+    for env, (length, views) in expected.items():
+        assert not env.spec.clock_in_obs
+        step, bot, cuts = env.reset(), RandomBot(env.spec, seed=0), 0
+        for _ in range(2 * length):
+            step = env.step(bot.act(step))
+            assert (step.final_obs is None) == (not step.truncated.any())
+            if step.truncated.any():
+                cuts += 1
+                assert step.truncated.all() and step.final_obs.shape == step.obs.shape
+                np.testing.assert_array_equal(step.final_obs, np.array([views] * 2, np.float32))
+                assert not np.array_equal(step.final_obs, step.obs), "the next game's first view is apart"
+        assert cuts == 2
+    ended = PettingZooVecEnv(TINY_AEC, num_games=2, seed=0, options={"length": 7})
+    step, bot = ended.reset(), RandomBot(ended.spec, seed=0)
+    for _ in range(12):
+        step = ended.step(bot.act(step))
+        assert step.final_obs is None and not step.truncated.any()
+
+
 def test_turn_based_discount_is_per_round():
     """One step of a turn-based game is one player's move: a round of moves is one second of game time, so
     gamma from the horizon discounts once per round of turns, not once per move."""

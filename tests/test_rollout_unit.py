@@ -246,3 +246,27 @@ def test_settings_are_a_view_of_the_config():
     assert s.bptt == 8 and s.segment_steps == 8 * cfg.rollout.samples_per_segment
     assert math.isclose(s.gamma, 1 - 0.5 / 25)          # a move is half a round of connect four
     assert (s.gae_lambda, s.team_spirit, s.zero_sum) == (cfg.ppo.gae_lambda, cfg.ppo.team_spirit, cfg.ppo.zero_sum)
+
+
+def test_a_game_cut_at_a_time_limit_bootstraps_where_the_agent_cannot_see_the_clock():
+    """With λ = 0 a decision's return is r + γ·V(next): the decision before a time-limit cut gains γ·V(view at
+    the cut) (here V ≡ 3) unless the env's observation shows the clock, and no other decision changes."""
+    import dataclasses
+
+    def returns(bootstrap: float, clock_in_obs: bool) -> np.ndarray:
+        torch.manual_seed(0)
+        env = PettingZooVecEnv("tests.pz_tiny_parallel", num_games=2, seed=0, options={"max_steps": 5, "die_at": 2})
+        env.spec = dataclasses.replace(env.spec, clock_in_obs=clock_in_obs)
+        policy = Policy(env.spec.obs_dim, env.spec.action_heads, hidden=16, encoder_layers=1, lstm=8)
+        policy.value = lambda obs, state: torch.full((len(obs),), bootstrap)
+        settings = RolloutSettings(bptt=2, segment_steps=4, gamma=0.9, gae_lambda=0.0, team_spirit=0.0,
+                                   zero_sum=False)
+        w = RolloutWorker(env, policy, settings, seed=0)
+        w.set_params(1, policy.tensors())
+        return np.concatenate([w.collect().arrays["returns"].ravel() for _ in range(6)])
+
+    base = returns(0.0, clock_in_obs=False)
+    gain = returns(3.0, clock_in_obs=False) - base
+    assert np.isclose(gain, 0.9 * 3.0).sum() >= 8, "each of the 8 agent rows' last decision before a cut"
+    assert np.isclose(gain, 0.0).sum() + np.isclose(gain, 0.9 * 3.0).sum() == gain.size
+    np.testing.assert_array_equal(returns(3.0, clock_in_obs=True), base)

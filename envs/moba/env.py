@@ -37,6 +37,7 @@ class MobaVecEnv(VecMultiAgentEnv):
             side_of_agent=tuple([0] * n + [1] * n),
             agent_names=tuple(f"side{s}_hero{i}" for s in range(2) for i in range(n)),
             seconds_per_step=self.cfg.seconds_per_step,
+            clock_in_obs=True,  # the time-limit win is part of the game, and the observation shows the time
         )
         self._seed = seed
         self.rng = np.random.default_rng(seed)
