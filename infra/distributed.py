@@ -273,6 +273,25 @@ class DistContext:
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         return {n: v / self.size for n, v in zip(names, flat.tolist())}
 
+    def all_gather_bytes(self, data: bytes) -> list[bytes]:
+        """Every rank's ``data``, in rank order (sizes may differ). For small documents (league counts), not
+        tensors: one collective for the sizes, one for the padded bytes."""
+        if not self._initialized:
+            return [bytes(data)]
+        import torch
+        import torch.distributed as dist
+
+        size = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
+        sizes = [torch.zeros_like(size) for _ in range(self.size)]
+        dist.all_gather(sizes, size)
+        longest = max(int(s.item()) for s in sizes)
+        mine = torch.zeros(max(longest, 1), dtype=torch.uint8, device=self.device)
+        if data:
+            mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
+        gathered = [torch.empty_like(mine) for _ in range(self.size)]
+        dist.all_gather(gathered, mine)
+        return [bytes(g[:int(s.item())].cpu().numpy().tobytes()) for g, s in zip(gathered, sizes)]
+
     def barrier(self) -> None:
         if self._initialized:
             import torch.distributed as dist

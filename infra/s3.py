@@ -263,13 +263,14 @@ class S3Store(Store):
             call.nbytes = len(data)
         return data
 
-    def list(self, prefix: str = "") -> list[str]:
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
         validate_prefix(prefix)
         root = f"{self.prefix}/" if self.prefix else ""
         keys: list[str] = []
+        after = {"StartAfter": root + start_after} if start_after else {}
         with self._call("list", prefix):
             paginator = self._client.get_paginator("list_objects_v2")
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=root + prefix):
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=root + prefix, **after):
                 keys.extend(obj["Key"][len(root):] for obj in page.get("Contents", ()))
         return sorted(keys)
 

@@ -105,8 +105,9 @@ class Store(abc.ABC):
         it is larger than ``max_bytes``, :class:`BadObject` if it is not a regular object."""
 
     @abc.abstractmethod
-    def list(self, prefix: str = "") -> list[str]:
-        """Every key that starts with ``prefix``, sorted."""
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
+        """Every key that starts with ``prefix``, sorted; with ``start_after``, only keys after it (S3's
+        ``StartAfter``: a reader that keeps a cursor lists only what is new, not the whole prefix)."""
 
     @abc.abstractmethod
     def delete(self, key: str) -> None:
@@ -217,7 +218,7 @@ class LocalStore(Store):
         finally:
             os.close(fd)
 
-    def list(self, prefix: str = "") -> list[str]:
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
         validate_prefix(prefix)
         # Walk only the deepest folder the prefix names, not the whole store.
         folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
@@ -227,7 +228,7 @@ class LocalStore(Store):
         self._check_inside(base, prefix)
         keys: list[str] = []
         self._walk(base, folder, prefix, keys, time.time() - TEMP_MAX_AGE_S)
-        return sorted(keys)
+        return sorted(k for k in keys if start_after is None or k > start_after)
 
     def _walk(self, folder: Path, rel: str, prefix: str, keys: list[str], stale_before: float) -> None:
         """Regular files only: links (to files or folders) and FIFOs are not objects and not followed."""
@@ -304,8 +305,8 @@ class ObservedStore(Store):
     def get(self, key: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
         return self._timed("get", lambda: self.inner.get(key, max_bytes))
 
-    def list(self, prefix: str = "") -> list[str]:
-        return self._timed("list", lambda: self.inner.list(prefix))
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
+        return self._timed("list", lambda: self.inner.list(prefix, start_after))
 
     def delete(self, key: str) -> None:
         self._timed("delete", lambda: self.inner.delete(key))

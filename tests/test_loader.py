@@ -83,7 +83,7 @@ def test_no_exception_kills_the_loader_thread(tmp_path, monkeypatch):
 
 
 class _DyingStore(LocalStore):
-    def list(self, prefix=""):
+    def list(self, prefix="", start_after=None):
         raise SystemExit("gone")
 
 

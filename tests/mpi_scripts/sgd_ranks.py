@@ -78,6 +78,8 @@ def main() -> None:
                 assert torch.allclose(p, q, atol=1e-6), f"{name} differs from the single-process reference"
             means = dist.all_reduce_scalars({"rank": float(identity.rank), "one": 1.0})
             assert means == {"rank": (identity.size - 1) / 2, "one": 1.0}, means
+            gathered = dist.all_gather_bytes(b"r" * identity.rank)  # sizes differ, rank 0 sends nothing
+            assert gathered == [b"r" * r for r in range(identity.size)], gathered
             digests = MPI.COMM_WORLD.gather(digest(model), root=0)
         # A gloo thread that outlives the teardown can die in std::terminate while Python exits.
         leftover = [name for name in thread_names() if "gloo" in name]
