@@ -89,6 +89,8 @@ class RolloutConfig:
     """Seconds between polls for a newer parameter version."""
     max_backlog: int = 8
     """Experience objects held while the store is unreachable; the oldest are dropped past this."""
+    max_backlog_mb: int = 256
+    """Megabytes of encoded experience held while the store is unreachable; the oldest go past this."""
     worker_id: str = ""
     """Worker name in keys and metrics (empty: from MPI rank or 'w<pid>')."""
     torch_threads: int = 1
@@ -127,7 +129,18 @@ class OptimizerConfig:
     keep_checkpoints: int = 3
     """Checkpoints kept in the store; older ones are deleted."""
     poll_s: float = 0.5
-    """Seconds between listings of new experience objects."""
+    """Seconds between listings of new experience objects while they keep coming; with fewer objects the
+    wait grows towards one object per listing, up to poll_max_s (listings are what S3 charges most)."""
+    poll_max_s: float = 5.0
+    """Longest wait between listings of a rank's experience shards."""
+    list_lookback_s: float = 120.0
+    """A listing reads the keys named in the last list_lookback_s seconds: it covers clocks that run
+    behind and slow uploads; anything later still is found by a full listing every sweep_s."""
+    sweep_s: float = 300.0
+    """Seconds between full listings of a rank's shards (objects the cursor missed: clocks far off, uploads
+    slower than list_lookback_s)."""
+    download_threads: int = 4
+    """Experience downloads in flight per rank (one stream alone saturates long before the network)."""
     device: str = "auto"
     """'auto' (CUDA local rank when present), 'cpu' or 'cuda'."""
     precision: str = "fp32"
@@ -185,6 +198,9 @@ class StoreConfig:
     """Attempts per S3 request (botocore standard retry mode)."""
     retention_s: float = 600.0
     """Experience objects older than this are deleted by the optimizer (0: keep)."""
+    experience_shards: int = 0
+    """Experience key shards, fixed when the run starts (layout.json); rank r lists shards r, r + R, …
+    (0: the optimizer's rank count, so every rank lists one shard a poll)."""
 
 
 @dataclass
@@ -385,6 +401,7 @@ def validate(cfg: Config) -> list[str]:
     _positive(e, "rollout.upload_interval_s", r.upload_interval_s)
     _positive(e, "rollout.param_poll_s", r.param_poll_s)
     _positive(e, "rollout.max_backlog", r.max_backlog)
+    _positive(e, "rollout.max_backlog_mb", r.max_backlog_mb)
     _positive(e, "rollout.torch_threads", r.torch_threads)
     o = cfg.optimizer
     _positive(e, "optimizer.batch_samples", o.batch_samples)
@@ -410,6 +427,13 @@ def validate(cfg: Config) -> list[str]:
     _positive(e, "optimizer.checkpoint_every", o.checkpoint_every)
     _positive(e, "optimizer.keep_checkpoints", o.keep_checkpoints)
     _positive(e, "optimizer.poll_s", o.poll_s)
+    if o.poll_max_s < o.poll_s:
+        e.append(f"optimizer.poll_max_s ({o.poll_max_s}) must be ≥ poll_s ({o.poll_s})")
+    _positive(e, "optimizer.list_lookback_s", o.list_lookback_s)
+    _positive(e, "optimizer.sweep_s", o.sweep_s)
+    _positive(e, "optimizer.download_threads", o.download_threads)
+    if not 0 <= cfg.store.experience_shards <= 65_536:
+        e.append(f"store.experience_shards must be within [0, 65536] (got {cfg.store.experience_shards})")
     if o.device not in ("auto", "cpu", "cuda"):
         e.append(f"optimizer.device must be 'auto', 'cpu' or 'cuda' (got {o.device!r})")
     if o.precision not in ("fp32", "bf16", "auto"):

@@ -1,5 +1,12 @@
-"""The optimizer's loader thread: lists new experience objects, takes this rank's share, downloads them
-and has them decoded and validated (in worker processes when ``decode_workers`` > 0) into the buffer.
+"""The optimizer's loader thread: lists new experience objects of this rank's shards, downloads several
+at a time, and has them decoded and validated (in worker processes when ``decode_workers`` > 0) into the
+buffer. The games they carry are tallied for the league.
+
+A rank lists only its own shards (``rapid.store_map.owned_shards``) and, each poll, only the keys named in
+the last ``lookback_s`` (S3's ``StartAfter`` from a cursor): a poll costs one LIST page per shard, however
+many objects the run keeps. A full listing every ``sweep_s`` finds what the cursor could not (a worker
+clock far behind, an upload slower than the lookback). Between polls the wait follows the arrivals: about
+one object a listing, from ``poll_s`` up to ``poll_max_s``.
 
 Bad objects are counted and skipped: undecodable, invalid, or stamped with a policy version the optimizer
 has not reached yet (``current_version``). Their keys are remembered, so a poll never downloads or counts
@@ -12,23 +19,26 @@ Usage::
     >>> import numpy as np
     >>> from rapid.formats.experience import ExperienceBatch, encode_experience
     >>> from rapid.infra.store import LocalStore
+    >>> from rapid.store_map import experience_key
     >>> store = LocalStore(tempfile.mkdtemp())
     >>> shape = Shape(bptt=4, obs_dim=3, mask_dim=2, heads=1, lstm=8)
     >>> arrays = {name: np.zeros((2, *dims), dtype) for name, (dtype, dims) in shape.fields().items()}
     >>> arrays["mask"][:] = True
     >>> game = {"learner_version": 0, "opponent": "latest", "learner_side": 0, "winner": "learner", "length": 9,
     ...         "learner_return": 1.0}
-    >>> store.put("experience/w0/a1b2-00000000.rxp", encode_experience(ExperienceBatch(
-    ...     "w0", 0, 0.0, arrays, ["latest"], episodes=[game])))             # what an Uploader writes
+    >>> key = experience_key(0, time.time() * 1000, "w0", "a1b2", 0)       # what an Uploader writes
+    >>> store.put(key, encode_experience(ExperienceBatch("w0", 0, 0.0, arrays, ["latest"], episodes=[game])))
     >>> buffer = ExperienceBuffer(capacity=64, max_staleness=8)
-    >>> loader = ExperienceLoader(store, shape, buffer, rank=0, world=1, poll_s=0.5, retention_s=600,
+    >>> loader = ExperienceLoader(store, shape, buffer, rank=0, world=1, shards=1, poll_s=0.5, retention_s=600,
     ...                           decode_workers=0, current_version=lambda: 0)   # 0: decode inline
-    >>> loader.poll_once()                 # what the loader thread does every poll_s: objects loaded
+    >>> loader.poll_once()                 # what the loader thread does every poll: objects loaded
     1
     >>> buffer.stats().received, loader.stats.bad_objects
     (2, 0)
     >>> [g["winner"] for g in loader.take_episodes()]      # finished games reported with the experience
     ['learner']
+    >>> loader.take_tally().counts                         # the same games for the league, taken at a publish
+    {'latest': [1, 0, 0]}
     >>> loader.start()
     >>> loader.failure is None             # None while the thread runs (or was stopped)
     True
@@ -37,18 +47,20 @@ Usage::
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from rapid.decode_pool import Decoded, DecodePool
 from rapid.formats.experience import LIMITS, Shape
 from rapid.infra.store import BadObject, InvalidKey, KeyNotFound, Store, StoreError
+from rapid.league.results import Tally
 from rapid.opt.buffer import ExperienceBuffer
+from rapid.store_map import experience_cursor, experience_shard_prefix, owned_shards
 
 log = logging.getLogger(__name__)
 
@@ -64,31 +76,39 @@ class LoaderStats:
     """Unexpected exceptions caught in the loader thread (each logged, the thread went on)."""
     deleted: int = 0
     env_steps: int = 0
-
-
-def owner_rank(key: str, world: int) -> int:
-    """Which optimizer rank consumes an object: a stable, well-mixed hash, so shares are disjoint and
-    consecutive objects of one worker spread over the ranks (crc32 keeps long runs on one rank)."""
-    # surrogateescape: a listed file name that is not UTF-8 must not kill the loader thread here
-    digest = hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % world
+    lists: int = 0
+    """Listings made (one per shard per poll; a listing may span pages on S3)."""
+    swept: int = 0
+    """Objects found only by a full listing: missed by the cursor (a clock far off, a very slow upload)."""
 
 
 class ExperienceLoader:
     def __init__(self, store: Store, shape: Shape, buffer: ExperienceBuffer, rank: int = 0, world: int = 1,
-                 poll_s: float = 0.5, retention_s: float = 600.0, on_bad=None, on_load=None,
-                 decode_workers: int = 0, current_version: Callable[[], int] | None = None):
+                 shards: int = 1, poll_s: float = 0.5, retention_s: float = 600.0, on_bad=None, on_load=None,
+                 decode_workers: int = 0, current_version: Callable[[], int] | None = None,
+                 poll_max_s: float | None = None, lookback_s: float = 120.0, sweep_s: float = 300.0,
+                 download_threads: int = 4, clock: Callable[[], float] = time.time):
         self.store, self.shape, self.buffer = store, shape, buffer
-        self.rank, self.world = rank, world
+        self.rank, self.world, self.shards = rank, world, owned_shards(rank, world, shards)
         self.poll_s, self.retention_s = poll_s, retention_s
+        self.poll_max_s = poll_s if poll_max_s is None else max(poll_s, poll_max_s)
+        self.lookback_s, self.sweep_s = lookback_s, sweep_s
         self.on_bad, self.on_load = on_bad, on_load
         self.current_version = current_version
+        self.clock = clock
         self.decoder = DecodePool(shape, decode_workers)
+        self.downloads = ThreadPoolExecutor(max(1, download_threads), thread_name_prefix=f"download-{rank}")
+        self.max_downloads = max(1, download_threads)
         self.stats = LoaderStats()
         self.failure: str | None = None
         self._seen: set[str] = set()
         self._done_at: deque[tuple[float, str]] = deque()
         self._episodes: list[dict] = []
+        self._tally = Tally()
+        self._next_sweep = clock()  # the first poll lists everything: what waited for this rank while it was away
+        self._swept_once = False
+        self._rate = 0.0  # objects per second arriving in this rank's shards (moving average)
+        self._last_poll = clock()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"loader-{rank}", daemon=True)
@@ -100,12 +120,26 @@ class ExperienceLoader:
         self._stop.set()
         if self._thread.ident is not None:
             self._thread.join(timeout=30)
+        self.downloads.shutdown(wait=False, cancel_futures=True)
         self.decoder.close()
 
     def take_episodes(self) -> list[dict]:
+        """Finished games loaded since the last call (for metrics)."""
         with self._lock:
             out, self._episodes = self._episodes, []
         return out
+
+    def take_tally(self) -> Tally:
+        """The league's counts of the games loaded since the last call (pooled across ranks at a publish)."""
+        with self._lock:
+            out, self._tally = self._tally, Tally()
+        return out
+
+    def next_wait(self) -> float:
+        """Seconds until the next poll: about one new object a listing, within poll_s … poll_max_s."""
+        if self._rate <= 0.0:
+            return self.poll_max_s
+        return min(self.poll_max_s, max(self.poll_s, 1.0 / self._rate))
 
     def _run(self) -> None:
         try:
@@ -118,38 +152,75 @@ class ExperienceLoader:
                 except Exception as e:  # MemoryError included: count, log, go on
                     self.stats.errors += 1
                     log.error("loader: unexpected %s, going on: %s", type(e).__name__, e)
-                self._stop.wait(self.poll_s)
+                self._stop.wait(self.next_wait())
         finally:
             if not self._stop.is_set():
                 self.failure = "the experience loader thread ended unexpectedly"
 
     def poll_once(self) -> int:
-        """Load every new object of this rank's share; returns how many were loaded."""
+        """Load every new object of this rank's shards; returns how many were loaded."""
+        now = self.clock()
+        sweep = now >= self._next_sweep
+        if sweep:
+            self._next_sweep = now + self.sweep_s
+        fresh = [k for k in self._list_new(now, sweep) if k.endswith(".rxp")]
+        elapsed, self._last_poll = max(now - self._last_poll, 1e-3), now
+        self._rate = 0.8 * self._rate + 0.2 * len(fresh) / elapsed
         loaded = 0
-        pending: deque = deque()
-        for key in self.store.list("experience/"):
-            if key in self._seen or owner_rank(key, self.world) != self.rank or not key.endswith(".rxp"):
-                continue
+        downloads: deque[tuple[str, Future]] = deque()
+        decoding: deque = deque()
+        for key in fresh:
             if self._stop.is_set():
                 break
             self._seen.add(key)
-            try:
-                started = self._start(key)
-            except Exception as e:  # one object's trouble, whatever it is, costs that object only
-                self.stats.errors += 1
-                self._bad(key, f"unexpected {type(e).__name__}: {e}")
-                continue
-            if started:
-                pending.append(started)
-            while len(pending) >= self.decoder.max_pending:
-                loaded += self._finish(*pending.popleft())
-        while pending:
-            loaded += self._finish(*pending.popleft())
+            downloads.append((key, self.downloads.submit(self._download, key)))
+            while len(downloads) >= 2 * self.max_downloads:  # a bounded window: memory stays small
+                loaded += self._decode_next(downloads, decoding)
+        while downloads:
+            loaded += self._decode_next(downloads, decoding)
+        while decoding:
+            loaded += self._finish(*decoding.popleft())
         self._expire()
         return loaded
 
-    def _start(self, key: str):
-        """Download ``key`` and hand it to a decoder: (key, size, seconds, future), or None."""
+    def _list_new(self, now: float, sweep: bool) -> list[str]:
+        """Keys of this rank's shards not seen yet: named in the last lookback_s, or all of them in a sweep."""
+        since_ms = int((now - self.lookback_s) * 1000)
+        out = []
+        for shard in self.shards:
+            cursor = experience_cursor(shard, since_ms)
+            self.stats.lists += 1
+            keys = [k for k in self.store.list(experience_shard_prefix(shard), start_after=None if sweep else cursor)
+                    if k not in self._seen]
+            if sweep and self._swept_once:
+                missed = sum(k <= cursor for k in keys)
+                if missed:
+                    self.stats.swept += missed
+                    log.warning("a full listing found %d experience object(s) the cursor missed (a clock far "
+                                "off or an upload slower than %gs)", missed, self.lookback_s)
+            out.extend(keys)
+        self._swept_once = self._swept_once or sweep
+        return out
+
+    def _decode_next(self, downloads: deque, decoding: deque) -> int:
+        """Hand the oldest finished download to a decoder; finish decodes once enough are pending."""
+        key, future = downloads.popleft()
+        try:
+            started = future.result()
+        except Exception as e:  # one object's trouble, whatever it is, costs that object only
+            self.stats.errors += 1
+            return self._bad(key, f"unexpected {type(e).__name__}: {e}")
+        if started is None:
+            return 0
+        data, seconds = started
+        decoding.append((key, len(data), seconds, self.decoder.submit(data)))
+        loaded = 0
+        while len(decoding) >= self.decoder.max_pending:
+            loaded += self._finish(*decoding.popleft())
+        return loaded
+
+    def _download(self, key: str) -> tuple[bytes, float] | None:
+        """``key``'s bytes and the seconds they took, or None (counted) if there is nothing to decode."""
         t0 = time.perf_counter()
         try:
             data = self.store.get(key, max_bytes=LIMITS.max_bytes)
@@ -165,7 +236,7 @@ class ExperienceLoader:
             self._seen.discard(key)  # try again next poll
             log.warning("download of %s failed: %s", key, e)
             return None
-        return key, len(data), time.perf_counter() - t0, self.decoder.submit(data)
+        return data, time.perf_counter() - t0
 
     def _finish(self, key: str, size: int, seconds: float, future) -> int:
         try:
@@ -185,6 +256,7 @@ class ExperienceLoader:
         self.stats.env_steps += result.env_steps
         with self._lock:
             self._episodes.extend(result.episodes)
+            self._tally.add(result.episodes)
         self._done_at.append((time.time(), key))
         if self.on_load:
             self.on_load(result.num_samples, size, seconds)

@@ -1,5 +1,5 @@
-"""Rollout-side league wiring: turns the league's opponent choices into playable opponents, and the
-worker's finished games into match results for optimizer rank 0.
+"""Rollout-side league wiring: turns the league's opponent choices into playable opponents. (The worker's
+finished games need no wiring: they travel inside its experience objects, and the optimizer tallies them.)
 
 Usage (inside a rollout worker)::
 
@@ -29,10 +29,8 @@ Usage (inside a rollout worker)::
     >>> episodes = []
     >>> while not episodes:
     ...     episodes = worker.collect().episodes                     # the segment's finished games
-    >>> report = ResultReporter(store, "w0")      # a worker's Uploader calls it from its thread (on_episodes)
-    >>> report(episodes, 0.0)                     # match results for optimizer rank 0
-    >>> len(store.list("league/results/w0/")), report.pending
-    (1, [])
+    >>> sorted(episodes[0])                                          # uploaded with the segment's samples
+    ['learner_return', 'learner_side', 'learner_version', 'length', 'opponent', 'winner']
 """
 
 from __future__ import annotations
@@ -47,7 +45,7 @@ from rapid.config import Config
 from rapid.envs.base import VecMultiAgentEnv
 from rapid.errors import FormatError
 from rapid.infra.store import KeyNotFound, StoreError
-from rapid.league import LATEST, League, MatchResult, OpponentSampler, ResultWriter
+from rapid.league import LATEST, League, OpponentSampler
 from rapid.opt.model import Policy
 from rapid.rollout_worker import Opponent
 
@@ -91,26 +89,3 @@ class LeagueOpponents:
         policy.load_tensors(self.sampler.load_params(member_id).tensors)
         policy.eval()
         return Opponent(member_id, policy=policy)
-
-
-def match_results(episodes: list[dict], worker: str, now: float) -> list[MatchResult]:
-    return [MatchResult(learner_version=e["learner_version"], opponent_id=e["opponent"], winner=e["winner"],
-                        length=e["length"], worker=worker, time=now) for e in episodes]
-
-
-class ResultReporter:
-    """Writes match results from the uploader thread (stepping never waits on the store)."""
-
-    def __init__(self, store, worker: str):
-        self.writer = ResultWriter(store, worker)
-        self.worker = worker
-        self.pending: list[MatchResult] = []
-
-    def __call__(self, episodes: list[dict], now: float) -> None:
-        self.pending.extend(match_results(episodes, self.worker, now))
-        try:
-            self.writer.write(self.pending)
-            self.pending = []
-        except StoreError as e:
-            log.warning("match results not written yet (%s); %d waiting", e, len(self.pending))
-            del self.pending[:-10_000]  # bounded through a long outage

@@ -3,9 +3,10 @@ the store.
 
 Jobs run one at a time in the order given, so versions are published in order (each job writes its
 version object before moving LATEST). At most one job waits behind the running one: a store slower than
-the updates makes ``submit`` block rather than pile up copies of the weights. ``try_submit`` is for
-optional work (folding league results) that is skipped while anything is queued. A job's exception is
-kept and raised in the caller's thread by the next ``submit``/``check``/``close``.
+the updates makes ``submit`` block rather than pile up copies of the weights (``longest_wait_s`` says how
+long it ever did). ``try_submit`` is for work that can wait for the next update (a checkpoint) and is
+skipped while anything is queued. The league has a thread of its own (``rapid.roles.league_keeper``).
+A job's exception is kept and raised in the caller's thread by the next ``submit``/``check``/``close``.
 
 Usage (in the learner a job is ``lambda: params.publish(3, tensors, meta)``, with a copy of the tensors)::
 
@@ -13,12 +14,12 @@ Usage (in the learner a job is ``lambda: params.publish(3, tensors, meta)``, wit
     >>> writer = BackgroundWriter()
     >>> writer.submit("publish v3", lambda: done.append("v3"))
     >>> writer.drain()                       # wait for it here only to make try_submit's answer certain
-    >>> writer.try_submit("fold", lambda: done.append("fold"))   # queued: nothing else was pending
+    >>> writer.try_submit("checkpoint", lambda: done.append("ckpt"))   # queued: nothing else was pending
     True
     >>> writer.check()                       # raises the first job error, if any
     >>> writer.close()                       # drains: every submitted job has run
     >>> done
-    ['v3', 'fold']
+    ['v3', 'ckpt']
     >>> failing = BackgroundWriter()
     >>> failing.submit("publish v4", lambda: 1 / 0)
     >>> failing.close()                      # the job's error, raised in the caller's thread
@@ -41,6 +42,8 @@ class BackgroundWriter:
         self._error: BaseException | None = None
         self._failed = False
         self._pending = 0
+        self.longest_wait_s = 0.0
+        """The longest a ``submit`` waited for room in the queue: time the update loop stood still."""
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="writer", daemon=True)
         self._thread.start()
@@ -69,7 +72,9 @@ class BackgroundWriter:
         self.check()
         with self._lock:
             self._pending += 1
+        t0 = time.perf_counter()
         self._jobs.put((name, job))
+        self.longest_wait_s = max(self.longest_wait_s, time.perf_counter() - t0)
 
     def try_submit(self, name: str, job: Callable[[], object]) -> bool:
         """Queue ``job`` only if nothing is running or waiting; True if queued."""

@@ -2,12 +2,14 @@
 
 The roles share no memory and no sockets; everything between them goes through these keys::
 
-    rollout worker ──put──▶ experience/<worker>/<incarnation>-<seq:08d>.rxp ──list/get──▶ optimizer loader
+    rollout worker ──put──▶ experience/s<shard:04d>/<ms:013d>-<worker>-<incarnation>-<seq:08d>.rxp
+                                  ──list (from a cursor, own shards only)/get──▶ optimizer loader
           ▲                                                                                  │ (buffer, learner)
           └──get── params/<version:012d>.rpm ◀──put_if_absent── optimizer rank 0 ◀────────────┘
                    params/LATEST (pointer, moved after the version object exists)
                    checkpoints/<version:012d>.rck, checkpoints/LATEST   (optimizer rank 0; --resume)
-    rollout worker ──put──▶ league/results/<worker>/<seq:012d>.rmr ──fold──▶ optimizer rank 0
+    finished games ride inside experience objects; each rank tallies its share, rank 0 folds the pooled counts
+    optimizer rank 0 ──put_if_absent──▶ layout.json (how many experience shards the run has; read by workers)
     optimizer rank 0, evaluator, `rapid league` ──▶ league/pool.json (pointer copy of the newest revision)
                                                     league/pool/<revision:012d>.json (put_if_absent: the lock)
                                                     league/snapshots/<member>.rpm (immutable copies of params)
@@ -20,8 +22,10 @@ Usage::
 
     >>> params_key(7)
     'params/000000000007.rpm'
-    >>> experience_key("w0", "a1b2", 3)
-    'experience/w0/a1b2-00000003.rxp'
+    >>> experience_key(shard=5, created_ms=1700000000123, worker="w0", incarnation="a1b2", seq=3)
+    'experience/s0005/1700000000123-w0-a1b2-00000003.rxp'
+    >>> shard_owner(5, world=4), owned_shards(rank=1, world=4, shards=8)
+    (1, [1, 5])
     >>> parse_params_key("params/000000000007.rpm"), parse_params_key("params/\u00b2\u00b3.rpm")
     (7, None)
 
@@ -31,6 +35,7 @@ Unicode digits (``²``, ``٣``), which ``int`` then rejects or, worse, reads as 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -39,6 +44,7 @@ from rapid.errors import FormatError
 from rapid.infra.store import KeyNotFound, Store, validate_key
 
 EXPERIENCE_PREFIX = "experience/"
+MAX_SHARDS = 65_536
 PARAMS_PREFIX = "params/"
 PARAMS_LATEST = "params/LATEST"
 CHECKPOINTS_PREFIX = "checkpoints/"
@@ -46,12 +52,49 @@ CHECKPOINTS_LATEST = "checkpoints/LATEST"
 POOL_POINTER = "league/pool.json"
 POOL_REVISIONS_PREFIX = "league/pool/"
 SNAPSHOTS_PREFIX = "league/snapshots/"
-RESULTS_PREFIX = "league/results/"
+LEGACY_RESULTS_PREFIX = "league/results/"
+"""Match-result objects of rapid before the sharded layout: no longer written or folded."""
+LAYOUT = "layout.json"
 LEASE_PREFIX = "optimizer/lease/"
 
 
-def experience_key(worker: str, incarnation: str, seq: int) -> str:
-    return f"{EXPERIENCE_PREFIX}{worker}/{incarnation}-{seq:08d}.rxp"
+def experience_key(shard: int, created_ms: int, worker: str, incarnation: str, seq: int) -> str:
+    """Keys of a shard sort by the uploader's clock, so a reader lists only what is newer than its cursor."""
+    return validate_key(f"{experience_shard_prefix(shard)}{int(created_ms):013d}-{worker}-{incarnation}-{seq:08d}.rxp")
+
+
+def experience_shard_prefix(shard: int) -> str:
+    return f"{EXPERIENCE_PREFIX}s{int(shard):04d}/"
+
+
+def experience_cursor(shard: int, since_ms: int) -> str:
+    """The ``start_after`` of a listing that returns this shard's keys named at or after ``since_ms``."""
+    return f"{experience_shard_prefix(shard)}{max(0, int(since_ms)) - 1:013d}~"
+
+
+_EXPERIENCE_SHARD = re.compile(re.escape(EXPERIENCE_PREFIX) + r"s([0-9]{4,5})/[^/]+", re.ASCII)
+
+
+def parse_experience_shard(key: str) -> int | None:
+    """The shard of an ``experience/s<shard>/…`` key; None for any other key."""
+    return _parse(_EXPERIENCE_SHARD, key)
+
+
+def shard_of(name: str, shards: int) -> int:
+    """The shard an object goes to: a stable, well-mixed hash of its name, so one worker's consecutive
+    objects spread over every shard (and so over every rank)."""
+    digest = hashlib.blake2b(name.encode("utf-8", "surrogateescape"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % max(1, shards)
+
+
+def shard_owner(shard: int, world: int) -> int:
+    """The optimizer rank that lists and loads a shard."""
+    return shard % world
+
+
+def owned_shards(rank: int, world: int, shards: int) -> list[int]:
+    """The shards rank ``rank`` of ``world`` lists: about shards / world of them, disjoint across ranks."""
+    return list(range(rank, shards, world))
 
 
 def params_key(version: int) -> str:
@@ -68,10 +111,6 @@ def pool_revision_key(revision: int) -> str:
 
 def snapshot_key(member_id: str) -> str:
     return f"{SNAPSHOTS_PREFIX}{member_id}.rpm"
-
-
-def results_key(worker: str, seq: int) -> str:
-    return validate_key(f"{RESULTS_PREFIX}{worker}/{seq:012d}.rmr")
 
 
 _NUMBER = "([0-9]{1,18})"  # ASCII digits only; 18 keep the value well inside int64
@@ -158,3 +197,31 @@ def read_version_pointer(store: Store, key: str) -> int | None:
     if version is None:
         raise FormatError(f"{key} is not a version number")
     return version
+
+
+LAYOUT_FORMAT = "rapid.layout"
+
+
+def write_layout(store: Store, shards: int) -> int:
+    """Record the run's experience shard count once (the first writer wins); returns the count in force."""
+    doc = {"format": LAYOUT_FORMAT, "version": 1, "experience_shards": int(shards)}
+    if store.put_if_absent(LAYOUT, json.dumps(doc).encode()):
+        return int(shards)
+    found = read_layout(store)
+    return int(shards) if found is None else found
+
+
+def read_layout(store: Store) -> int | None:
+    """The run's experience shard count; None before the optimizer wrote it, FormatError for garbage."""
+    try:
+        raw = store.get(LAYOUT, max_bytes=4096)
+    except KeyNotFound:
+        return None
+    try:
+        doc = load_json(raw)
+        shards = doc["experience_shards"] if isinstance(doc, dict) and doc.get("format") == LAYOUT_FORMAT else None
+    except (ValueError, UnicodeDecodeError):
+        shards = None
+    if not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= MAX_SHARDS:
+        raise FormatError(f"{LAYOUT} is not a rapid layout document")
+    return shards

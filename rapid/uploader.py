@@ -9,18 +9,21 @@ Usage::
     >>> shape = Shape(bptt=4, obs_dim=3, mask_dim=2, heads=1, lstm=8)
     >>> arrays = {name: np.zeros((2, *dims), dtype) for name, (dtype, dims) in shape.fields().items()}
     >>> segment = Segment(arrays, opponents=["latest"])      # what RolloutWorker.collect returns: 2 samples
-    >>> up = Uploader(store, worker="w0", interval_s=60, max_backlog=8)
+    >>> up = Uploader(store, worker="w0", interval_s=60, max_backlog=8, shards=1)   # shards: layout.json's
     >>> up.start()
     >>> up.add(segment)            # from the stepping loop; returns at once
     >>> up.stop()                  # flushes what is pending (best effort) and joins
     >>> up.stats.objects, up.stats.samples, up.stats.dropped_objects
     (1, 2, 0)
-    >>> store.list("experience/w0/")
-    ['experience/w0/...-00000000.rxp']
+    >>> store.list("experience/s0000/")
+    ['experience/s0000/...-w0-...-00000000.rxp']
 
-Every ``interval_s`` the pending segments become one experience object. If the store is unreachable
-the encoded objects wait in a backlog of at most ``max_backlog``; past that the oldest are dropped and
-counted, so memory stays bounded through an outage and nothing newer is lost.
+Every ``interval_s`` the pending segments become one experience object (several, if one would pass the
+readers' size limits). An object's key is named when its upload starts, in one of the run's shards
+(``rapid.store_map``): the time in the name is the upload's, not the seal's, so an object that waited out
+an outage is still listed by a reader's cursor. If the store is unreachable the encoded objects wait in a
+backlog of at most ``max_backlog`` objects and ``max_backlog_bytes``; past either the oldest are dropped
+and counted, so memory stays bounded through an outage and nothing newer is lost.
 
 Sealing and uploading run on two threads: a store that hangs (a stopped server accepts connections but
 never answers, and a read timeout can be a minute) holds up only the uploading thread, while sealing goes
@@ -39,10 +42,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rapid.formats.experience import ExperienceBatch, encode_experience
+from rapid.formats.experience import ExperienceBatch, encode_experience, samples_per_object
 from rapid.infra.store import Store, StoreError
 from rapid.rollout_worker import Segment
-from rapid.store_map import experience_key
+from rapid.store_map import experience_key, shard_of
 
 log = logging.getLogger(__name__)
 
@@ -56,21 +59,34 @@ class UploadStats:
     dropped_objects: int = 0
     dropped_samples: int = 0
     backlog: int = 0
+    backlog_bytes: int = 0
     last_upload_s: float = 0.0
 
 
+@dataclass
+class _Waiting:
+    """An encoded object in the backlog; its key is fixed at its first upload attempt (a retry after an
+    ambiguous failure must not write the same object twice under two names)."""
+
+    data: bytes
+    samples: int
+    seq: int
+    key: str | None = None
+
+
 class Uploader:
-    def __init__(self, store: Store, worker: str, interval_s: float, max_backlog: int, on_upload=None,
-                 on_episodes=None, on_failure=None, on_drop=None):
-        self.store, self.worker = store, worker
-        self.interval_s, self.max_backlog = interval_s, max_backlog
+    def __init__(self, store: Store, worker: str, interval_s: float, max_backlog: int, shards: int = 1,
+                 max_backlog_bytes: int = 256 << 20, on_upload=None, on_failure=None, on_drop=None,
+                 clock=time.time, max_object_samples: int = 0):
+        self.store, self.worker, self.shards = store, worker, shards
+        self.interval_s, self.max_backlog, self.max_backlog_bytes = interval_s, max_backlog, max_backlog_bytes
         self.incarnation = f"{int(time.time())}{os.getpid() % 100000:05d}{uuid.uuid4().hex[:6]}"
-        self.on_upload, self.on_episodes = on_upload, on_episodes
-        self.on_failure, self.on_drop = on_failure, on_drop
+        self.on_upload, self.on_failure, self.on_drop = on_upload, on_failure, on_drop
+        self.clock = clock
+        self.max_object_samples = max_object_samples
         self.stats = UploadStats()
         self._pending: list[Segment] = []
-        self._backlog: collections.deque[tuple[str, bytes, int]] = collections.deque()
-        self._episodes: list[tuple[list[dict], float]] = []  # match results for on_episodes, sealed not yet sent
+        self._backlog: collections.deque[_Waiting] = collections.deque()
         self._inflight = 0
         self._seq = 0
         self._lock = threading.Lock()
@@ -88,7 +104,7 @@ class Uploader:
             self._pending.append(segment)
 
     def _seal(self) -> None:
-        """Turn pending segments into one encoded object at the back of the backlog."""
+        """Turn pending segments into encoded objects at the back of the backlog."""
         with self._lock:
             segments, self._pending = self._pending, []
         segments = [s for s in segments if s.arrays["version"].size or s.episodes]
@@ -104,45 +120,52 @@ class Uploader:
                     value = np.array([opponents.index(s.opponents[i]) for i in value], dtype=np.int32)
                 parts.append(value)
             arrays[key] = np.concatenate(parts)
-        batch = ExperienceBatch(worker=self.worker, seq=self._seq, created=time.time(), arrays=arrays,
-                                opponents=opponents, episodes=[e for s in segments for e in s.episodes],
-                                env_steps=sum(s.env_steps for s in segments))
-        key = experience_key(self.worker, self.incarnation, self._seq)
-        self._seq += 1
-        data = encode_experience(batch)
-        with self._wake:
-            if self.on_episodes and batch.episodes:
-                # Reported by the uploading thread: writing them is store I/O that may hang.
-                self._episodes.append((batch.episodes, batch.created))
-                del self._episodes[:-1000]  # bounded through a long outage
-            self._backlog.append((key, data, batch.num_samples))
-            self._trim()
-            self._wake.notify_all()
+        episodes = [e for s in segments for e in s.episodes]
+        env_steps = sum(s.env_steps for s in segments)
+        rows = int(arrays["version"].shape[0])
+        step = self.max_object_samples or samples_per_object(arrays)
+        for start in range(0, max(rows, 1), step):
+            part = {k: v[start:start + step] for k, v in arrays.items()}
+            first = start == 0  # the games and steps travel with the first part
+            batch = ExperienceBatch(worker=self.worker, seq=self._seq, created=self.clock(), arrays=part,
+                                    opponents=opponents, episodes=episodes if first else [],
+                                    env_steps=env_steps if first else 0)
+            waiting = _Waiting(encode_experience(batch), batch.num_samples, self._seq)
+            self._seq += 1
+            with self._wake:
+                self._backlog.append(waiting)
+                self._trim()
+                self._wake.notify_all()
 
     def _trim(self) -> None:
-        """Drop the oldest waiting objects past the bound (caller holds the lock)."""
-        while len(self._backlog) > self.max_backlog:
-            _, _, samples = self._backlog.popleft()
+        """Drop the oldest waiting objects past either bound (caller holds the lock); the newest stays."""
+        held = sum(len(w.data) for w in self._backlog)
+        while len(self._backlog) > self.max_backlog or (held > self.max_backlog_bytes and len(self._backlog) > 1):
+            dropped = self._backlog.popleft()
+            held -= len(dropped.data)
             self.stats.dropped_objects += 1
-            self.stats.dropped_samples += samples
+            self.stats.dropped_samples += dropped.samples
             if self.on_drop:
-                self.on_drop(samples)
-            log.warning("upload backlog full: dropped the oldest experience object (%d samples)", samples)
+                self.on_drop(dropped.samples)
+            log.warning("upload backlog full: dropped the oldest experience object (%d samples)", dropped.samples)
         self.stats.backlog = len(self._backlog) + self._inflight
+        self.stats.backlog_bytes = held
 
-    def _report_episodes(self) -> None:
-        with self._lock:
-            batches, self._episodes = self._episodes, []
-        for episodes, created in batches:
-            self.on_episodes(episodes, created)
+    def _key(self, waiting: _Waiting) -> str:
+        if waiting.key is None:
+            name = f"{self.worker}-{self.incarnation}-{waiting.seq}"
+            waiting.key = experience_key(shard_of(name, self.shards), int(self.clock() * 1000), self.worker,
+                                         self.incarnation, waiting.seq)
+        return waiting.key
 
     def _upload_one(self) -> bool | None:
         """Upload the oldest waiting object: True if done, False if the store failed, None if none waits."""
         with self._wake:
             if not self._backlog:
                 return None
-            key, data, samples = item = self._backlog.popleft()
+            item = self._backlog.popleft()
             self._inflight = 1
+        key, data, samples = self._key(item), item.data, item.samples
         t0 = time.perf_counter()
         try:
             self.store.put(key, data)
@@ -159,6 +182,7 @@ class Uploader:
         with self._wake:
             self._inflight = 0
             self.stats.backlog = len(self._backlog)
+            self.stats.backlog_bytes = sum(len(w.data) for w in self._backlog)
             self.stats.objects += 1
             self.stats.samples += samples
             self.stats.bytes += len(data)
@@ -169,8 +193,6 @@ class Uploader:
 
     def _drain(self) -> None:
         """Upload what waits, oldest first, until the backlog is empty or the store fails."""
-        if self.on_episodes:
-            self._report_episodes()
         while self._upload_one():
             pass
 
@@ -181,12 +203,10 @@ class Uploader:
     def _drain_loop(self) -> None:
         while not self._stop.is_set():
             with self._wake:
-                while not (self._backlog or self._episodes or self._stop.is_set()):
+                while not (self._backlog or self._stop.is_set()):
                     self._wake.wait()
             if self._stop.is_set():
                 return  # stop() flushes what is left
-            if self.on_episodes:
-                self._report_episodes()
             if self._upload_one() is False:
                 self._stop.wait(self.interval_s)  # botocore has retried already; try again next interval
 

@@ -15,6 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 RAPID = str(Path(sys.executable).parent / "rapid")
 
 
+def worker_keys(store, worker: str) -> list[str]:
+    """The experience keys one worker uploaded (``experience/s<shard>/<ms>-<worker>-<incarnation>-<seq>.rxp``)."""
+    return sorted(k for k in store.list("experience/") if f"-{worker}-" in k.rsplit("/", 1)[-1])
+
+
 def rapid(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
     out = subprocess.run([RAPID, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     if check and out.returncode != 0:

@@ -304,13 +304,12 @@ def test_loader_skips_oversized_fifo_and_linked_objects_and_loads_the_rest(tmp_p
     from rapid.opt.buffer import ExperienceBuffer
 
     store = LocalStore(tmp_path)
-    store.put("experience/w0/a-00000001.rxp", encode_experience(good_batch()))
-    folder = tmp_path / "experience" / "w9"
-    folder.mkdir()
-    with open(folder / "a-00000001.rxp", "wb") as f:
+    store.put("experience/s0000/1-w0-a-00000001.rxp", encode_experience(good_batch()))
+    folder = tmp_path / "experience" / "s0000"  # the one shard of a one-rank run
+    with open(folder / "2-w9-a-00000001.rxp", "wb") as f:
         f.truncate(8 << 30)
-    os.mkfifo(folder / "a-00000002.rxp")
-    os.symlink("/dev/zero", folder / "a-00000003.rxp")
+    os.mkfifo(folder / "3-w9-a-00000002.rxp")
+    os.symlink("/dev/zero", folder / "4-w9-a-00000003.rxp")
     loader = ExperienceLoader(store, SHAPE, ExperienceBuffer(100, max_staleness=8), poll_s=0.02, retention_s=0)
     loader.start()
     try:
@@ -324,26 +323,3 @@ def test_loader_skips_oversized_fifo_and_linked_objects_and_loads_the_rest(tmp_p
         loader.stop()
 
 
-def test_result_folding_goes_on_past_giant_fifo_and_linked_result_objects(tmp_path):
-    import os
-
-    from rapid.infra.store import LocalStore
-    from rapid.league.pool import League
-    from rapid.league.results import MatchResult, ResultFolder, ResultWriter
-    from rapid.league.state import Member, PoolState, version_id
-
-    store = LocalStore(tmp_path)
-    league = League(store)
-    league.update(lambda s: PoolState(members={version_id(1): Member(version_id(1), "snapshot", 1)}))
-    folder_path = tmp_path / "league" / "results" / "zz"
-    folder_path.mkdir(parents=True)
-    with open(folder_path / "000000000001.rmr", "wb") as f:
-        f.truncate(8 << 30)
-    os.mkfifo(folder_path / "000000000002.rmr")
-    os.symlink("/dev/zero", folder_path / "000000000003.rmr")
-    ResultWriter(store, "w1").write([MatchResult(3, version_id(1), "learner", 10, "w1", 1.0)])
-    folder = ResultFolder(league)
-    report = folder.fold_pending()
-    assert (report.objects, report.games, report.bad_objects) == (1, 1, 1)  # the FIFO and link: never listed
-    assert folder.fold_pending().bad_objects == 0  # counted once
-    assert league.read().members[version_id(1)].games == 1

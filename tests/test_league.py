@@ -16,7 +16,7 @@ from rapid.infra.store import LocalStore
 from rapid.league import cli
 from rapid.league.pool import League
 from rapid.league.ratings import MU, SIGMA, conservative, rate_games, rating_of
-from rapid.league.results import MatchResult, ResultFolder, ResultWriter, decode_results, encode_results, fold_results
+from rapid.league.results import Tally, fold_tally
 from rapid.league.sampling import (
     LATEST,
     OpponentSampler,
@@ -47,8 +47,15 @@ def pool_of(*members: Member) -> PoolState:
     return PoolState(members={m.id: m for m in members})
 
 
-def result(opponent: str, winner: str = "learner") -> MatchResult:
-    return MatchResult(10, opponent, winner, 100, "w0", 1.0)
+def games(*played: tuple[str, str]) -> Tally:
+    """A tally of (opponent, winner) games, as a rank counts them from experience episodes."""
+    tally = Tally()
+    tally.add([{"opponent": opponent, "winner": winner} for opponent, winner in played])
+    return tally
+
+
+def result(opponent: str, winner: str = "learner") -> tuple[str, str]:
+    return opponent, winner
 
 
 @pytest.fixture
@@ -62,13 +69,13 @@ def test_quality_update_matches_formula():
     state = pool_of(snap(1, 0.0), snap(2, 0.5), snap(3, 1.0))
     eta = 0.01
     p = math.exp(0.5) / (math.exp(0.0) + math.exp(0.5) + math.exp(1.0))
-    after = fold_results(state, [result(version_id(2))], eta)
+    after = fold_tally(state, games(result(version_id(2))), eta)
     assert after.members[version_id(2)].quality == pytest.approx(0.5 - eta / (3 * p))
     assert after.members[version_id(2)].wins == 1 and after.members[version_id(2)].games == 1
     assert state.members[version_id(2)].quality == 0.5  # pure: the input is unchanged
     # Losses and draws count but leave the quality alone.
-    after = fold_results(after, [result(version_id(1), "opponent"), result(version_id(1), "draw"),
-                                 result(LATEST)])
+    after = fold_tally(after, games(result(version_id(1), "opponent"), result(version_id(1), "draw"),
+                                    result(LATEST)))
     m = after.members[version_id(1)]
     assert (m.games, m.wins, m.losses, m.draws, m.quality) == (2, 0, 1, 1, 0.0)
     assert after.latest_games == 1
@@ -79,7 +86,7 @@ def test_snapshot_joins_with_pool_maximum(store):
     ParameterStore(store).publish(1, {"w": np.zeros(3, np.float32)})
     ParameterStore(store).publish(2, {"w": np.ones(3, np.float32)})
     assert league.add_snapshot_from_params(1).quality == 0.0  # empty pool: 0
-    league.update(lambda s: fold_results(s, [result(version_id(1))] * 3))
+    league.update(lambda s: fold_tally(s, games(*[result(version_id(1))] * 3)))
     league.update(lambda s: ensure_bots(s, ["bot:random"], 0.0))
     q1 = league.read().members[version_id(1)].quality
     assert q1 < 0
@@ -289,37 +296,35 @@ def test_trueskill_winner_gains_and_sigma_shrinks():
 
 # --- match results -----------------------------------------------------------------------------------
 
-def test_results_round_trip_and_rejects_corrupt():
-    rs = [MatchResult(3, "v000000000001", "learner", 50, "w1", 12.5),
-          MatchResult(3, "latest", "draw", 9, "w1", 13)]
-    data = encode_results(rs)
-    assert decode_results(data) == rs
+def test_tally_round_trip_and_rejects_corrupt():
+    tally = games(result(version_id(1)), result(version_id(1), "draw"), result(LATEST, "opponent"))
+    data = tally.encode()
+    assert Tally.decode(data) == tally and tally.games == 3
     with pytest.raises(FormatError):
-        decode_results(data[:-3])
+        Tally.decode(data[:-3])
     with pytest.raises(FormatError):
-        decode_results(data[:20] + bytes([data[20] ^ 1]) + data[21:])
+        Tally.decode(data[:20] + bytes([data[20] ^ 1]) + data[21:])
     from rapid.formats import codec
-    for rows in ([{"learner_version": 1}], [{**vars(rs[0]), "winner": "nobody"}], "x"):
+    for counts in ({"x": [1, 2]}, {"x": [1, 2, -1]}, {"x": [True, 0, 0]}, {"": [1, 0, 0]}, {"x" * 200: [1, 0, 0]},
+                   {"x": "1,0,0"}, {"x": [1.5, 0, 0]}):
         with pytest.raises(FormatError):
-            decode_results(codec.encode("rapid.match_results", 1, {"results": rows}))
-    with pytest.raises(ValueError):
-        encode_results([MatchResult(1, "x", "both", 1, "w", 0.0)])
+            Tally.decode(codec.encode("rapid.match_tally", 1, {"counts": counts}))
 
 
-def test_results_folded_exactly_once(store):
-    league = League(store)
-    league.update(lambda s: pool_of(snap(1)))
-    writer = ResultWriter(store, "w0")
-    writer.write([result(version_id(1))] * 2)
-    writer.write([result(version_id(1), "opponent"), result(LATEST)])
-    store.put("league/results/w9/000000000001.rmr", b"garbage")
-    folder = ResultFolder(league)
-    report = folder.fold_pending()
-    assert (report.objects, report.games, report.bad_objects) == (2, 4, 1)
-    assert folder.fold_pending().objects == 0
-    m = league.read().members[version_id(1)]
-    assert (m.games, m.wins, m.losses) == (3, 2, 1) and store.list("league/results/") == []
-    assert league.read().folded_keys == []
+def test_pooled_tallies_fold_like_the_games_one_by_one():
+    """Ranks' tallies summed and folded at once move each quality exactly as folding every game separately
+    with the sampling probabilities of before the fold (OpenAI Five's p_i is the one the games were played at)."""
+    state = pool_of(snap(1, 0.0), snap(2, 0.5), Member(id="bot:lane", kind="bot", version=None))
+    rank0 = games(result(version_id(1)), result(version_id(2)), result(LATEST, "draw"))
+    rank1 = games(result(version_id(1)), result(version_id(1), "opponent"), result("bot:lane"), result("gone"))
+    pooled = Tally.merge([Tally.decode(rank0.encode()), Tally.decode(rank1.encode())])
+    after = fold_tally(state, pooled, eta=0.01)
+    p = quality_probabilities(state.snapshots())
+    assert after.members[version_id(1)].quality == pytest.approx(0.0 - 2 * 0.01 / (2 * p[version_id(1)]))
+    assert after.members[version_id(2)].quality == pytest.approx(0.5 - 0.01 / (2 * p[version_id(2)]))
+    m = after.members[version_id(1)]
+    assert (m.games, m.wins, m.losses) == (3, 2, 1)
+    assert after.members["bot:lane"].wins == 1 and after.latest_games == 1 and "gone" not in after.members
 
 
 # --- CLI ---------------------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ from rapid.formats.params import ParamsObject
 from rapid.infra.store import LocalStore, StoreError
 from rapid.league import cli
 from rapid.league.pool import League
-from rapid.league.results import MatchResult, ResultFolder, ResultWriter
 from rapid.league.sampling import OpponentSampler
 from rapid.league.state import (
     Member,
@@ -87,26 +86,6 @@ def test_unicode_digit_names_are_not_versions(store):
         with pytest.raises(UsageError):
             resolve_version(params, digits)
     assert parse_params_key("params/000000000002.rpm") == 2 and parse_version_text("v12") == 12
-
-
-# --- 4. odd names under league/results/ --------------------------------------------------------------
-
-def test_odd_result_names_are_counted_once_and_folding_goes_on(store):
-    league = League(store)
-    league.update(lambda s: PoolState(members={version_id(1): Member(version_id(1), "snapshot", 1)}))
-    # (A dot-file such as ".rmr" is not listed at all by the local store: it hides temp files.)
-    for key in ("league/results/w0/a b.rmr", "league/results/ü/000000000001.rmr", "league/results/w0/²³.rmr"):
-        plant(store, key, b"x")
-    writer = ResultWriter(store, "w1")
-    writer.write([MatchResult(3, version_id(1), "learner", 10, "w1", 1.0)])
-    folder = ResultFolder(league)
-    report = folder.fold_pending()
-    assert (report.objects, report.games, report.bad_objects) == (1, 1, 3)
-    writer.write([MatchResult(3, version_id(1), "opponent", 10, "w1", 2.0)])
-    report = folder.fold_pending()
-    assert (report.objects, report.games, report.bad_objects) == (1, 1, 0), "counted once, then skipped"
-    m = league.read().members[version_id(1)]
-    assert (m.games, m.wins, m.losses) == (2, 1, 1)
 
 
 # --- 3. another run's export -------------------------------------------------------------------------

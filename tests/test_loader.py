@@ -21,7 +21,7 @@ SHAPE = Shape(bptt=4, obs_dim=3, mask_dim=2, heads=1, lstm=5)
 
 def put(store, name: str, samples: int = 4, version: int = 0, seq: int = 0) -> bytes:
     data = encode_experience(make_experience(SHAPE, "w", seq, samples, version))
-    store.put(f"experience/{name}.rxp", data)
+    store.put(f"experience/s0000/{name.replace('/', '-')}.rxp", data)  # one shard: a one-rank run
     return data
 
 
@@ -44,7 +44,7 @@ def test_future_versions_are_rejected_once_and_removed_by_retention(tmp_path):
                               on_bad=lambda k, why: bad.append((k, why)))
     assert loader.poll_once() == 1
     assert buf.stats().received == 4 and loader.stats.bad_objects == 1
-    assert bad[0][0] == "experience/w/1.rxp" and "future" in bad[0][1]
+    assert bad[0][0] == "experience/s0000/w-1.rxp" and "future" in bad[0][1]
     assert loader.poll_once() == 0 and loader.stats.bad_objects == 1     # not downloaded or counted again
     loader.retention_s = 1e-9
     loader.poll_once()
@@ -121,7 +121,7 @@ def test_loader_with_decode_workers_loads_everything(tmp_path):
     store = LocalStore(tmp_path)
     for i in range(5):
         put(store, f"w/{i}", samples=3, seq=i)
-    store.put("experience/w/bad.rxp", b"junk")
+    store.put("experience/s0000/w-bad.rxp", b"junk")
     buf = ExperienceBuffer(100, max_staleness=8)
     loader = ExperienceLoader(store, SHAPE, buf, retention_s=0, decode_workers=2)
     try:

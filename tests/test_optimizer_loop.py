@@ -4,6 +4,7 @@ one line, publishing in the background keeps versions in order with LATEST last.
 from __future__ import annotations
 
 import logging
+import time
 
 import rapid.roles.optimizer as optimizer
 from rapid.config import load_config
@@ -28,7 +29,8 @@ def plant(cfg, objects: int = 4, samples: int = 16) -> None:
     store = LocalStore(cfg.derive().store_url)
     shape = connect_four_shape(cfg)
     for seq in range(objects):
-        store.put(experience_key("w0", "a", seq), encode_experience(make_experience(shape, "w0", seq, samples)))
+        key = experience_key(0, time.time() * 1000, "w0", "a", seq)  # a one-rank run has one shard
+        store.put(key, encode_experience(make_experience(shape, "w0", seq, samples)))
 
 
 def test_an_update_that_raises_is_skipped_and_counted(tmp_path, monkeypatch, caplog):

@@ -37,7 +37,7 @@ from rapid.opt.model import Policy
 from rapid.param_store import ParameterStore
 from rapid.roles.startup import env_spec
 from rapid.store_map import params_key
-from tests.helpers import RAPID, ROOT, alive, rapid, wait_for
+from tests.helpers import RAPID, ROOT, alive, rapid, wait_for, worker_keys
 from tests.s3_server import DUMMY_CREDENTIALS, free_port, start_moto_server, stop
 
 # A recognizable secret: it must never show up in a log, a metric, a stored config or an error message.
@@ -168,14 +168,14 @@ def test_worker_killed_mid_upload(tmp_path, backend, request):
     try:
         wait_for(lambda: latest(params) >= 0, 120, "version 0")
         for i in range(5):
-            before = len(store.list("experience/wk/"))
+            before = len(worker_keys(store, "wk"))
             worker = spawn(["rollout", "--config", str(cfg), "--worker-id", "wk"], tmp_path / f"rollout-{i}.log", env)
-            wait_for(lambda: len(store.list("experience/wk/")) >= before + 2 or worker.poll() is not None, 120,
+            wait_for(lambda: len(worker_keys(store, "wk")) >= before + 2 or worker.poll() is not None, 120,
                      "the worker's uploads")
             assert worker.poll() is None, (tmp_path / f"rollout-{i}.log").read_text()
             if backend == "local":
                 # Kill the moment a temp file shows up: the worker is inside store.put right now.
-                folder = run / "store" / "experience" / "wk"
+                folder = run / "store" / "experience" / "s0000"
                 deadline = time.monotonic() + 5
                 while time.monotonic() < deadline and not any(p.name.startswith(".tmp-") for p in folder.iterdir()):
                     time.sleep(0.0005)
@@ -185,7 +185,7 @@ def test_worker_killed_mid_upload(tmp_path, backend, request):
             worker.wait()
             kills += 1
         if backend == "local":
-            mid_write = len(list((run / "store" / "experience" / "wk").glob(".tmp-*")))
+            mid_write = len(list((run / "store" / "experience" / "s0000").glob(".tmp-*")))
         v_after_kills = latest(params)
         # The optimizer keeps training on what the dead workers left: versions keep increasing.
         wait_for(lambda: latest(params) >= v_after_kills + 2 or opt.poll() is not None, 120, "versions to go on")
@@ -201,11 +201,11 @@ def test_worker_killed_mid_upload(tmp_path, backend, request):
     shape = shape_of(cfg)
     by_incarnation: dict[str, list[int]] = {}
     sizes = []
-    for key in store.list("experience/wk/"):
+    for key in worker_keys(store, "wk"):
         data = store.get(key)
         batch = decode_experience(data, shape)
         sizes.append(len(data))
-        incarnation, seq = key.rsplit("/", 1)[1][: -len(".rxp")].rsplit("-", 1)
+        _, _, incarnation, seq = key.rsplit("/", 1)[1][: -len(".rxp")].split("-")
         assert batch.seq == int(seq)
         by_incarnation.setdefault(incarnation, []).append(int(seq))
     assert len(by_incarnation) == kills == 5
@@ -280,7 +280,7 @@ def test_store_outage_30s(tmp_path):
         final = rollout_log.rsplit("worker w0 stopped: ", 1)[1].split("\n")[0]
         uploaded_objects, uploaded_samples = int(final.split(" objects")[0]), int(final.split(", ")[1].split()[0])
         shape = shape_of(cfg)
-        stored = [decode_experience(store.get(k), shape) for k in store.list("experience/w0/")]
+        stored = [decode_experience(store.get(k), shape) for k in worker_keys(store, "w0")]
         assert len(stored) == uploaded_objects and sum(b.num_samples for b in stored) == uploaded_samples
         assert "upload backlog full: dropped the oldest" in rollout_log
         for log in (rollout_log, (tmp_path / "optimizer.log").read_text()):
@@ -424,18 +424,18 @@ def _wrap(payload: bytes) -> bytes:
 def test_hostile_objects_rejected_counted_skipped(live_run):
     run, store, params, tmp = live_run["run"], live_run["store"], live_run["params"], live_run["tmp"]
     shape = shape_of(live_run["cfg"])
-    good = store.get(wait_for(lambda: store.list("experience/w0/"), 60, "an experience object")[0])
+    good = store.get(wait_for(lambda: worker_keys(store, "w0"), 60, "an experience object")[0])
     canary = tmp / "pwned"
     objects = hostile_objects(good, shape, canary)
     for name, data in objects.items():
         with pytest.raises(FormatError):
             decode_experience(data, shape)
-        store.put(f"experience/evil/{name}.rxp", data)
+        store.put(f"experience/s0000/evil-{name}.rxp", data)
     # Names the store would never write, put on disk behind its back: still counted and skipped.
-    evil = run / "store" / "experience" / "evil"
-    (evil / "odd name ü.rxp").write_bytes(good)
-    (evil / "notes.txt").write_bytes(b"not an experience object: ignored, not counted")
-    (evil / "zzz.rxp").write_bytes(b"\x00garbage" * 100)
+    shard = run / "store" / "experience" / "s0000"  # the one shard of a one-rank run
+    (shard / "evil odd name ü.rxp").write_bytes(good)
+    (shard / "evil-notes.txt").write_bytes(b"not an experience object: ignored, not counted")
+    (shard / "evil-zzz.rxp").write_bytes(b"\x00garbage" * 100)
     expected_bad = len(objects) + 2
     for key in ("experience/x/../../params/000000000000.rpm", "/etc/passwd", "experience/a\\b.rxp",
                 "experience//x.rxp", "experience/x/%2e%2e/y"):
@@ -459,12 +459,12 @@ def test_numerically_extreme_experience_skips_updates_in_a_live_run(live_run):
     published version ever holds a non-finite tensor."""
     run, store, params = live_run["run"], live_run["store"], live_run["params"]
     shape = shape_of(live_run["cfg"])
-    batch = decode_experience(store.get(store.list("experience/w0/")[-1]), shape)
+    batch = decode_experience(store.get(worker_keys(store, "w0")[-1]), shape)
     batch.arrays["returns"] = np.full_like(batch.arrays["returns"], 3e38)
     batch.arrays["advantages"] = np.full_like(batch.arrays["advantages"], -3e38)
     batch.arrays["version"] = np.full_like(batch.arrays["version"], latest(params))
     skipped_before = scrape(run, "optimizer-0")["rapid_nonfinite_updates_skipped_total"]
-    store.put("experience/extreme/0-00000000.rxp", encode_experience(batch))
+    store.put(f"experience/s0000/{int(time.time() * 1000)}-extreme-x-00000000.rxp", encode_experience(batch))
     opt = live_run["opt"]
     wait_for(lambda: scrape(run, "optimizer-0")["rapid_nonfinite_updates_skipped_total"] > skipped_before
              or opt.poll() is not None, 60, "a skipped update")

@@ -168,14 +168,14 @@ def test_uploader_to_loader_end_to_end(tmp_path, worker, segments):
     assert up.stats.samples == total and up.stats.dropped_objects == 0
     assert sum(n for n, _ in uploads) == total
     keys = store.list("experience/")
-    assert len(keys) == up.stats.objects and all(k.startswith("experience/w0/") and k.endswith(".rxp")
-                                                 for k in keys)
+    assert len(keys) == up.stats.objects and all(k.startswith("experience/s0000/") and "-w0-" in k
+                                                 and k.endswith(".rxp") for k in keys)
 
-    # a corrupt object and a stray non-experience key under experience/
+    # a corrupt object and a stray non-experience key in the shard
     good = store.get(keys[0])
-    store.put("experience/evil/0.rxp", good[: len(good) // 2])
-    store.put("experience/evil/1.rxp", b"\x00" * 100)
-    store.put("experience/evil/notes.txt", b"ignored")
+    store.put("experience/s0000/evil-0.rxp", good[: len(good) // 2])
+    store.put("experience/s0000/evil-1.rxp", b"\x00" * 100)
+    store.put("experience/s0000/evil-notes.txt", b"ignored")
 
     buf = ExperienceBuffer(capacity=4096, max_staleness=8)
     bad = []
@@ -184,11 +184,11 @@ def test_uploader_to_loader_end_to_end(tmp_path, worker, segments):
     try:
         assert _wait_for(lambda: loader.stats.objects == len(keys) and loader.stats.bad_objects == 2)
         # the loader keeps going: a new object after the bad ones is loaded too
-        store.put("experience/w1/late-00000000.rxp", good)
+        store.put(f"experience/s0000/{int(time.time() * 1000)}-w1-late-00000000.rxp", good)
         assert _wait_for(lambda: loader.stats.objects == len(keys) + 1)
     finally:
         loader.stop()
-    assert sorted(bad) == ["experience/evil/0.rxp", "experience/evil/1.rxp"]
+    assert sorted(bad) == ["experience/s0000/evil-0.rxp", "experience/s0000/evil-1.rxp"]
     first_obj = decode_experience(good, shape).num_samples
     assert buf.stats().received == total + first_obj == loader.stats.samples
     assert loader.stats.env_steps == sum(s.env_steps for s in segments) + decode_experience(good, shape).env_steps

@@ -25,12 +25,12 @@ from rapid.config import load_config
 from rapid.formats.experience import ExperienceBatch, Shape, encode_experience
 from rapid.infra.s3 import S3Store
 from rapid.infra.store import LocalStore
-from rapid.loader import ExperienceLoader, owner_rank
+from rapid.loader import ExperienceLoader
 from rapid.monitoring.logs import read_jsonl
 from rapid.opt.buffer import ExperienceBuffer
 from rapid.param_store import ParameterStore
 from rapid.roles.startup import env_spec
-from rapid.store_map import experience_key
+from rapid.store_map import experience_key, parse_experience_shard, shard_of, shard_owner
 from tests.mpi_scripts.optimizer_ranks import digest
 from tests.s3_server import DUMMY_CREDENTIALS
 
@@ -189,7 +189,8 @@ def test_two_rollout_ranks_and_two_optimizer_ranks_against_s3(tmp_path, s3_serve
     assert params.versions() == list(range(9)) and params.latest_version() == 8
     assert [params.fetch(v).version for v in (1, 8)] == [1, 8]
     uploaded = store.list("experience/")
-    assert {key.split("/")[1] for key in uploaded} == {"w0", "w1"}, uploaded
+    assert {key.split("/")[2].split("-")[1] for key in uploaded} == {"w0", "w1"}, uploaded
+    assert {parse_experience_shard(key) for key in uploaded} == {0, 1}, uploaded  # one shard per optimizer rank
     assert load_latest_checkpoint(store).version == 8
 
     log = read_jsonl(tmp_path / "run" / "logs" / "optimizer.jsonl")
@@ -201,9 +202,20 @@ def test_two_rollout_ranks_and_two_optimizer_ranks_against_s3(tmp_path, s3_serve
     assert log[-1]["samples_consumed"] >= 8 * 32
 
 
-def _put_experience(store, shape: Shape, count: int) -> list[str]:
+def owner(key: str, world: int) -> int:
+    return shard_owner(parse_experience_shard(key), world)
+
+
+def sharded_keys(count: int, shards: int, worker=lambda i: f"w{i % 7}") -> list[str]:
+    """Keys as uploaders name them in a run of ``shards`` shards, named now."""
+    now_ms = int(time.time() * 1000)
+    return [experience_key(shard_of(f"{worker(i)}-inc-{i}", shards), now_ms, worker(i), "inc", i)
+            for i in range(count)]
+
+
+def _put_experience(store, shape: Shape, count: int, shards: int = 2) -> list[str]:
     """``count`` one-sample objects; object i is stamped version i, so the buffer says which were loaded."""
-    keys = [experience_key(f"w{i % 7}", "inc", i) for i in range(count)]
+    keys = sharded_keys(count, shards)
 
     def put(i: int) -> None:
         store.put(keys[i], encode_experience(make_experience(shape, f"w{i % 7}", i, samples=1, version=i)))
@@ -228,14 +240,14 @@ def test_loader_lists_and_loads_more_than_1000_objects_from_s3(s3_store):
 
     def load_share(rank: int) -> tuple[ExperienceLoader, ExperienceBuffer, int]:
         buffer = ExperienceBuffer(capacity=2000, max_staleness=10**9)
-        loader = ExperienceLoader(s3_store, TINY, buffer, rank=rank, world=2, retention_s=0)
+        loader = ExperienceLoader(s3_store, TINY, buffer, rank=rank, world=2, shards=2, retention_s=0)
         return loader, buffer, loader.poll_once()
 
     with ThreadPoolExecutor(2) as pool:  # two optimizer ranks polling the same bucket at once
         results = list(pool.map(load_share, (0, 1)))
     shares = []
     for rank, (loader, buffer, loaded) in enumerate(results):
-        expected = {i for i, key in enumerate(keys) if owner_rank(key, 2) == rank}
+        expected = {i for i, key in enumerate(keys) if owner(key, 2) == rank}
         assert 0 < loaded == len(expected) == loader.stats.objects and loader.stats.bad_objects == 0
         shares.append(_loaded_versions(buffer, loaded))
         assert shares[-1] == expected
@@ -245,7 +257,7 @@ def test_loader_lists_and_loads_more_than_1000_objects_from_s3(s3_store):
 
 def test_retention_deletes_this_ranks_loaded_objects_and_nothing_else(s3_store):
     keys = _put_experience(s3_store, TINY, 40)
-    s3_store.put("experience/w0/notes.txt", b"not an experience object")
+    s3_store.put("experience/s0000/notes.txt", b"not an experience object")
     params = ParameterStore(s3_store)
     params.publish(0, {"w": np.zeros(3, np.float32)})
     others = {"checkpoints/000000000000.rck": b"ckpt", "checkpoints/LATEST": b"0",
@@ -253,10 +265,11 @@ def test_retention_deletes_this_ranks_loaded_objects_and_nothing_else(s3_store):
               "league/results/w0/000000000001.rmr": b"result"}
     for key, data in others.items():
         s3_store.put(key, data)
-    mine = {k for k in keys if owner_rank(k, 2) == 0}
+    mine = {k for k in keys if owner(k, 2) == 0}
     before = {key: s3_store.get(key) for key in s3_store.list("")}
 
-    loader = ExperienceLoader(s3_store, TINY, ExperienceBuffer(100, 10**9), rank=0, world=2, retention_s=0.01)
+    loader = ExperienceLoader(s3_store, TINY, ExperienceBuffer(100, 10**9), rank=0, world=2, shards=2,
+                              retention_s=0.01)
     assert loader.poll_once() == len(mine) > 0
     time.sleep(0.05)  # let the tiny retention time pass; the next poll expires what was loaded
     assert loader.poll_once() == 0
@@ -268,7 +281,7 @@ def test_retention_deletes_this_ranks_loaded_objects_and_nothing_else(s3_store):
 
 
 def test_retention_logs_what_it_removed(s3_store, caplog):
-    keys = _put_experience(s3_store, TINY, 6)
+    keys = _put_experience(s3_store, TINY, 6, shards=1)
     loader = ExperienceLoader(s3_store, TINY, ExperienceBuffer(100, 10**9), retention_s=0.01)
     caplog.set_level("INFO", logger="rapid.loader")
     loader.poll_once()
@@ -284,9 +297,9 @@ def test_a_rank_that_raises_ends_the_job_with_one_clear_line(tmp_path):
     store = LocalStore(tmp_path / "run" / "store")
     shape = connect_four_shape(cfg)
     # Version-0 experience for both ranks' shares (four objects each), so no rollout is needed.
-    keys = [experience_key("w0", "inc", seq) for seq in range(100)]
+    keys = sharded_keys(100, shards=2, worker=lambda i: "w0")
     for rank in (0, 1):
-        for seq, key in [(s, k) for s, k in enumerate(keys) if owner_rank(k, 2) == rank][:4]:
+        for seq, key in [(s, k) for s, k in enumerate(keys) if owner(k, 2) == rank][:4]:
             store.put(key, encode_experience(make_experience(shape, "w0", seq, 64)))
 
     result = subprocess.run(mpiexec(2, sys.executable, str(SCRIPTS / "optimizer_rank_fails.py"), str(config)),

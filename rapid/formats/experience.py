@@ -100,6 +100,16 @@ class ExperienceBatch:
         return int(self.arrays["version"].shape[0])
 
 
+def samples_per_object(arrays: dict[str, np.ndarray]) -> int:
+    """The most samples one object may carry and still pass every reader's limits, with a factor 2 to
+    spare: an uploader splits a larger batch rather than write an object that every rank would reject."""
+    rows = max(1, int(arrays["version"].shape[0]))
+    per_array = max(a.nbytes for a in arrays.values()) / rows
+    total = sum(a.nbytes for a in arrays.values()) / rows
+    return max(1, min(MAX_SAMPLES // 2, int(LIMITS.max_array_bytes // 2 // max(per_array, 1)),
+                      int(LIMITS.max_bytes // 2 // max(total, 1))))
+
+
 def encode_experience(batch: ExperienceBatch) -> bytes:
     return codec.encode(FORMAT, FORMAT_VERSION, {
         "worker": batch.worker, "seq": batch.seq, "created": float(batch.created),

@@ -3,10 +3,11 @@
 Who calls what:
 
 - rollout worker: ``OpponentSampler.choose(rng)`` at each game start, ``load_params(id)`` for a
-  snapshot opponent, ``ResultWriter.write([...])`` with the finished games' ``MatchResult``s;
+  snapshot opponent; its finished games go out inside its experience objects;
+- optimizer ranks: a ``Tally`` of the games in the experience each loaded, pooled at each publish;
 - optimizer rank 0: ``League.update(lambda s: ensure_bots(s, bots, now))`` once, then after each
   publish ``League.add_snapshot(...)`` every ``snapshot_every`` versions and
-  ``ResultFolder.fold_pending()``;
+  ``League.update(lambda s: fold_tally(s, pooled, eta))``;
 - evaluator / ``rapid league rate``: ``League.update(lambda s: rate_games(...))``;
 - CLI: ``rapid.league.cli.build_parser`` and ``run``.
 
@@ -15,7 +16,7 @@ This package handles numpy arrays only (no torch), so importing it stays light.
 
 from rapid.league.pool import League
 from rapid.league.ratings import conservative, rate_games, rating_of
-from rapid.league.results import MatchResult, ResultFolder, ResultWriter, fold_results
+from rapid.league.results import Tally, fold_tally
 from rapid.league.sampling import LATEST, OpponentChoice, OpponentSampler
 from rapid.league.state import (
                                 Member,
@@ -29,8 +30,8 @@ from rapid.league.state import (
 )
 
 __all__ = [
-    "LATEST", "League", "MatchResult", "Member", "OpponentChoice", "OpponentSampler", "PoolConflict",
-    "PoolFormatError", "PoolMissing", "PoolState", "Rating", "ResultFolder", "ResultWriter",
-    "conservative", "ensure_bots", "fold_results", "rate_games", "rating_of",
+    "LATEST", "League", "Member", "OpponentChoice", "OpponentSampler", "PoolConflict",
+    "PoolFormatError", "PoolMissing", "PoolState", "Rating", "Tally",
+    "conservative", "ensure_bots", "fold_tally", "rate_games", "rating_of",
     "version_id",
 ]

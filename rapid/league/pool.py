@@ -5,7 +5,7 @@ Usage::
 
     >>> import tempfile
     >>> from rapid.infra.store import LocalStore
-    >>> from rapid.league.results import MatchResult, fold_results
+    >>> from rapid.league.results import Tally, fold_tally
     >>> from rapid.league.state import ensure_bots
     >>> store = LocalStore(tempfile.mkdtemp())
     >>> ParameterStore(store).publish(42, {"w": np.zeros(2, np.float32)})
@@ -16,8 +16,8 @@ Usage::
     >>> state = league.update(lambda s: ensure_bots(s, ["bot:random"], 0.0))   # rank 0 at start; creates the pool
     >>> league.add_snapshot_from_params(42).id      # immutable copy of params/000000000042.rpm joins
     'v000000000042'
-    >>> results = [MatchResult(43, "v000000000042", "learner", 311, "w3", 0.0)]
-    >>> state = league.update(lambda s: fold_results(s, results))      # read, apply a pure function, commit
+    >>> games = Tally({"v000000000042": [1, 0, 0]})   # one win of the learner against the snapshot
+    >>> state = league.update(lambda s: fold_tally(s, games))          # read, apply a pure function, commit
     >>> state = league.read()                        # PoolState
     >>> state.revision, sorted(state.members), state.members["v000000000042"].wins
     (3, ['bot:random', 'v000000000042'], 1)

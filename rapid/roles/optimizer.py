@@ -26,10 +26,9 @@ from rapid.decode_pool import auto_workers
 from rapid.errors import FormatError, UsageError
 from rapid.formats.checkpoint import Checkpoint
 from rapid.formats.experience import Shape
-from rapid.formats.params import ParamsObject
 from rapid.infra.distributed import ALONE, Identity
 from rapid.infra.store import StoreError
-from rapid.league import League, PoolConflict, ResultFolder, ensure_bots
+from rapid.league import Tally
 from rapid.lease import RunLease
 from rapid.loader import ExperienceLoader
 from rapid.monitoring.metrics import OptimizerMetrics
@@ -37,12 +36,12 @@ from rapid.opt.buffer import ExperienceBuffer
 from rapid.opt.learner import Learner, bf16_native
 from rapid.param_store import ParameterStore
 from rapid.publisher import BackgroundWriter
+from rapid.roles.league_keeper import LeagueKeeper
 from rapid.roles.optimizer_report import OptimizerReport
 from rapid.roles.startup import JsonlLog, StopFlag, build_policy, env_spec, open_run_store, setup_logging, start_metrics
+from rapid.store_map import EXPERIENCE_PREFIX, read_layout, write_layout
 
-FOLD_EVERY_S = 5.0
 MAX_FAILED_IN_ROW = 50  # a bad batch is skipped; this many in a row is a broken learner, not bad data
-LEAGUE_ERRORS = (StoreError, FormatError, PoolConflict, ValueError, ArithmeticError)
 
 
 def pick_device(cfg: Config, local_rank: int) -> torch.device:
@@ -145,8 +144,10 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
         raise
     if lease:
         lease.keep(stop)
+    if lead:
+        _write_layout(store, cfg, rank.size, resume, log)
     if ctx is not None:
-        ctx.broadcast_parameters(policy, src=0)
+        ctx.broadcast_parameters(policy, src=0)  # also the barrier after which every rank reads the layout
     if lead and not resume:
         params.publish(version, policy.tensors(), {"updates": learner.updates, "env": cfg.env.name})
     league = LeagueKeeper(store, cfg) if lead else None
@@ -155,10 +156,13 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
     shape = Shape.of(spec, bptt=cfg.rollout.bptt, lstm=cfg.model.lstm)
     buffer = ExperienceBuffer(cfg.optimizer.buffer_samples, cfg.optimizer.max_staleness)
     pos = Position(version, learner.updates)
-    loader = ExperienceLoader(store, shape, buffer, rank.rank, rank.size, cfg.optimizer.poll_s,
+    o = cfg.optimizer
+    loader = ExperienceLoader(store, shape, buffer, rank.rank, rank.size, read_layout(store) or 1, o.poll_s,
                               cfg.store.retention_s, on_bad=lambda key, why: metrics.bad_object(_reason(why)),
                               on_load=lambda n, nbytes, s: metrics.samples_downloaded(n, nbytes, s),
-                              decode_workers=decode_workers(cfg), current_version=lambda: pos.version)
+                              decode_workers=decode_workers(cfg), current_version=lambda: pos.version,
+                              poll_max_s=o.poll_max_s, lookback_s=o.list_lookback_s, sweep_s=o.sweep_s,
+                              download_threads=o.download_threads)
     loader.start()
     oplog = JsonlLog(f"{derived.run_dir}/logs/optimizer.jsonl") if lead else None
     if lead and not os.path.exists(f"{derived.run_dir}/config.toml"):
@@ -197,6 +201,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
                     if lead:
                         _publish(writer, params, league, policy.tensors(), version, learner.updates, stop, log)
                     report.version(version)
+                _pool_games(loader, ctx, league, log)
                 break
             arrays, staleness = batch
             wait_s = time.perf_counter() - t_wait
@@ -229,16 +234,15 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
                 if lead:
                     _publish(writer, params, league, policy.tensors(), version, learner.updates, stop, log)
                 report.version(version)
-            # 4. league: fold match results when due, unless the writer is busy
-            if league:
-                writer.try_submit("league", league.fold_if_due)
-            # 5. checkpoint (rank 0, background)
+                # 4. league: every rank's games since the last version, pooled; rank 0 folds them off this thread
+                _pool_games(loader, ctx, league, log)
+            # 5. checkpoint (rank 0, background; while the writer is busy, at a later update)
             if lead and learner.updates - last_ckpt_updates >= cfg.optimizer.checkpoint_every:
                 ckpt = _snapshot(learner, version)
-                writer.submit(f"checkpoint v{version}", lambda ckpt=ckpt: _until_stored(
-                    f"checkpoint v{ckpt.version}", lambda: save_checkpoint(store, ckpt, cfg.optimizer.keep_checkpoints),
-                    stop, log))
-                last_ckpt_updates = learner.updates
+                if writer.try_submit(f"checkpoint v{version}", lambda ckpt=ckpt: _until_stored(
+                        f"checkpoint v{ckpt.version}", lambda: save_checkpoint(store, ckpt, o.keep_checkpoints),
+                        stop, log)):
+                    last_ckpt_updates = learner.updates
             decision = balancer.step(time.monotonic(), **_balance_inputs(buffer.stats()), busy_s=busy_s)
             report.update(learner.updates, version, stats, staleness, decision, wait_s)
     finally:
@@ -247,6 +251,8 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
         clean = sys.exc_info()[0] is None
         try:
             writer.close()  # drains: every queued version and checkpoint is stored, in order
+            if league:
+                league.close()
         finally:
             report.close()
             metrics.close()
@@ -295,40 +301,32 @@ def _snapshot(learner: Learner, version: int) -> Checkpoint:
     return Checkpoint.from_torch(version, learner.updates, learner.policy.tensors(), adam)
 
 
-class LeagueKeeper:
-    """Rank 0's league duties: snapshots every ``snapshot_every`` versions, match results folded into
-    quality scores. League trouble is logged, never fatal to training."""
+def _write_layout(store, cfg: Config, world: int, resume: bool, log) -> None:
+    """Fix the run's experience shard count before the first version (workers read it then). A run of an older
+    rapid has none: its objects under experience/<worker>/ are left alone and not read."""
+    legacy = resume and read_layout(store) is None and bool(store.list(EXPERIENCE_PREFIX))
+    shards = write_layout(store, cfg.store.experience_shards or world)
+    log.info("experience in %d shard(s); %d per rank", shards, math.ceil(shards / world))
+    if legacy:
+        log.warning("this run began under an older rapid: experience objects in the old layout are ignored "
+                    "(delete %s<worker>/ to reclaim them); restart rollout workers to write the new one",
+                    EXPERIENCE_PREFIX)
 
-    def __init__(self, store, cfg: Config):
-        self.league = League(store)
-        self.cfg = cfg
-        self.folder = ResultFolder(self.league, cfg.league.eta)
-        self.next_fold = 0.0
-        self.log = setup_logging("league")
-        if cfg.league.bots:
-            bots = [b if b.startswith("bot:") else f"bot:{b}" for b in cfg.league.bots]
-            self.league.update(lambda s: ensure_bots(s, bots, time.time()))
 
-    def after_publish(self, version: int, tensors) -> None:
-        every = self.cfg.league.snapshot_every
-        if every and version % every == 0:
-            try:
-                self.league.add_snapshot(ParamsObject(version, tensors, {"source": "optimizer"}))
-                self.log.info("snapshot of v%d joined the pool", version)
-            except LEAGUE_ERRORS as e:
-                self.log.warning("snapshot of v%d not added: %s", version, e)
-
-    def fold_if_due(self) -> None:
-        if time.monotonic() < self.next_fold:
-            return
-        self.next_fold = time.monotonic() + FOLD_EVERY_S
+def _pool_games(loader: ExperienceLoader, ctx, league: LeagueKeeper | None, log) -> None:
+    """Every rank's tally of games loaded since the last call, summed on rank 0 for the league (a collective:
+    every rank calls it on the same iteration)."""
+    mine = loader.take_tally()
+    blobs = [mine.encode()] if ctx is None else ctx.all_gather_bytes(mine.encode())
+    if league is None:
+        return
+    tallies = []
+    for rank, blob in enumerate(blobs):
         try:
-            report = self.folder.fold_pending()
-        except LEAGUE_ERRORS as e:
-            self.log.warning("match results not folded yet: %s", e)
-            return
-        if report.bad_objects:
-            self.log.warning("skipped %d bad match-result objects", report.bad_objects)
+            tallies.append(Tally.decode(blob))
+        except FormatError as e:
+            log.warning("rank %d's game tally is unreadable, skipped: %s", rank, e)
+    league.fold(Tally.merge(tallies))
 
 
 def _reason(message: str) -> str:

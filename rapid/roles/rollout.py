@@ -18,10 +18,11 @@ from rapid.errors import FormatError
 from rapid.infra.store import BadObject, KeyNotFound, StoreError
 from rapid.league import League
 from rapid.monitoring.metrics import RolloutMetrics
-from rapid.opponents import LeagueOpponents, ResultReporter
+from rapid.opponents import LeagueOpponents
 from rapid.param_store import ParameterStore
 from rapid.roles.startup import StopFlag, build_policy, open_run_store, setup_logging, start_metrics
 from rapid.rollout_worker import RolloutSettings, RolloutWorker
+from rapid.store_map import read_layout
 from rapid.uploader import Uploader
 
 
@@ -39,6 +40,21 @@ def _wait_for_first_params(poller: ParamPoller, stop: StopFlag, log) -> tuple[in
     return None
 
 
+def _experience_shards(store, stop: StopFlag, log) -> int:
+    """The run's shard count (``layout.json``, written by the optimizer before its first version). A run
+    of an older rapid has none: its optimizer reads one shard."""
+    while True:
+        try:
+            return read_layout(store) or 1
+        except StoreError as e:
+            log.warning("cannot read the run's layout yet: %s", e)
+        except FormatError as e:
+            log.warning("%s; writing to one shard", e)
+            return 1
+        if stop.wait(1.0):
+            return 1
+
+
 def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = None, rank: int = 0,
                 local_rank: int = 0) -> int:
     log = setup_logging(f"rollout-{worker_id}")
@@ -52,9 +68,6 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
     policy = build_policy(cfg, env.spec)
     opponents = LeagueOpponents(League(store), cfg, env, lambda: build_policy(cfg, env.spec))
     worker = RolloutWorker(env, policy, RolloutSettings.of(cfg, env.spec), opponents, seed=seed)
-    uploader = Uploader(store, worker_id, cfg.rollout.upload_interval_s, cfg.rollout.max_backlog,
-                        on_upload=metrics.samples_uploaded, on_episodes=ResultReporter(store, worker_id),
-                        on_failure=metrics.upload_failed, on_drop=metrics.backlog_dropped)
 
     poller = ParamPoller(params, cfg.rollout.param_poll_s, log, on_failure=metrics.param_refresh_failed)
     poller.start()
@@ -66,6 +79,11 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
             return 0
         version = _swap_params(worker, poller, first, None)
     metrics.param_version(version)
+    # Finished games travel inside the experience objects: the optimizer ranks tally them for the league.
+    uploader = Uploader(store, worker_id, cfg.rollout.upload_interval_s, cfg.rollout.max_backlog,
+                        shards=_experience_shards(store, stop, log), max_backlog_bytes=cfg.rollout.max_backlog_mb << 20,
+                        on_upload=metrics.samples_uploaded, on_failure=metrics.upload_failed,
+                        on_drop=metrics.backlog_dropped)
     uploader.start()
     log.info("worker %s started: %d games of %s, params v%d, store %s", worker_id, env.num_games,
              cfg.env.name, version, store.describe())

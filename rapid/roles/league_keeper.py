@@ -1,0 +1,120 @@
+"""Optimizer rank 0's league duties, on a thread of their own: snapshots every ``snapshot_every`` versions,
+and the games every rank tallied folded into quality scores. Nothing here ever makes the update loop wait:
+``after_publish`` and ``fold`` only hand work over; while the thread is busy (a slow store, a pool commit
+that lost a race) tallies merge into one pending tally and the next commit carries them all. League trouble
+is logged, never fatal to training.
+
+Usage::
+
+    >>> import tempfile
+    >>> from rapid.config import Config
+    >>> from rapid.infra.store import LocalStore
+    >>> keeper = LeagueKeeper(LocalStore(tempfile.mkdtemp()), Config())
+    >>> keeper.fold(Tally({"latest": [3, 1, 0]}))        # rank 0, at a publish, with every rank's games
+    >>> keeper.close()                                    # at the end: what is pending is written
+    >>> keeper.league.read().latest_games
+    4
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from rapid.config import Config
+from rapid.errors import FormatError
+from rapid.formats.params import ParamsObject
+from rapid.infra.store import StoreError
+from rapid.league import League, PoolConflict, Tally, ensure_bots, fold_tally
+from rapid.roles.startup import setup_logging
+from rapid.store_map import LEGACY_RESULTS_PREFIX
+
+LEAGUE_ERRORS = (StoreError, FormatError, PoolConflict, ValueError, ArithmeticError)
+RETRY_S = 5.0
+
+
+class LeagueKeeper:
+    def __init__(self, store, cfg: Config):
+        self.league = League(store)
+        self.cfg = cfg
+        self.log = setup_logging("league")
+        self.folded_games = 0
+        self._tally = Tally()
+        self._snapshots: list[ParamsObject] = []
+        self._closing = False
+        self._wake = threading.Condition()
+        if cfg.league.bots:
+            bots = [b if b.startswith("bot:") else f"bot:{b}" for b in cfg.league.bots]
+            self.league.update(lambda s: ensure_bots(s, bots, time.time()))
+        self._say_if_legacy_results(store)
+        self._thread = threading.Thread(target=self._run, name="league", daemon=True)
+        self._thread.start()
+
+    def after_publish(self, version: int, tensors) -> None:
+        """Version ``version`` is published: a snapshot joins the pool every ``snapshot_every`` versions."""
+        every = self.cfg.league.snapshot_every
+        if every and version % every == 0:
+            with self._wake:
+                self._snapshots.append(ParamsObject(version, tensors, {"source": "optimizer"}))
+                self._wake.notify()
+
+    def fold(self, tally: Tally) -> None:
+        """Queue games (every rank's, pooled) for the next pool commit; returns at once."""
+        if not tally.counts:
+            return
+        with self._wake:
+            self._tally = Tally.merge([self._tally, tally])
+            self._wake.notify()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Write what is pending (within ``timeout_s``) and stop the thread."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not (self._snapshots or self._tally.counts or self._closing):
+                    self._wake.wait()
+                snapshots, self._snapshots = self._snapshots, []
+                tally, self._tally = self._tally, Tally()
+                closing = self._closing
+            for snapshot in snapshots:
+                self._add_snapshot(snapshot)
+            if tally.counts and not self._fold_now(tally):
+                with self._wake:
+                    self._tally = Tally.merge([tally, self._tally])  # kept for the next try
+                if closing:
+                    return
+                time.sleep(RETRY_S)
+            elif closing:
+                return
+
+    def _add_snapshot(self, snapshot: ParamsObject) -> None:
+        try:
+            self.league.add_snapshot(snapshot)
+            self.log.info("snapshot of v%d joined the pool", snapshot.version)
+        except LEAGUE_ERRORS as e:
+            self.log.warning("snapshot of v%d not added: %s", snapshot.version, e)
+
+    def _fold_now(self, tally: Tally) -> bool:
+        try:
+            self.league.update(lambda s: fold_tally(s, tally, self.cfg.league.eta))
+        except LEAGUE_ERRORS as e:
+            self.log.warning("%d games not folded into the league yet: %s", tally.games, e)
+            return False
+        self.folded_games += tally.games
+        return True
+
+    def _say_if_legacy_results(self, store) -> None:
+        """Match-result objects of an older rapid are no longer read: say so once, delete nothing."""
+        try:
+            left = len(store.list(LEGACY_RESULTS_PREFIX))
+        except StoreError:
+            return
+        if left:
+            self.log.warning("%s holds %d match-result object(s) of an older rapid; games now travel inside "
+                             "experience objects, so these are not folded (delete the prefix to reclaim them)",
+                             LEGACY_RESULTS_PREFIX, left)
