@@ -2,8 +2,8 @@
 
     OMP_NUM_THREADS=1 python benchmarks/bench_soak.py [--minutes 4] [--every 1.0] [--seed 0] [--run-dir DIR]
 
-Every ``--every`` seconds one object from a random mix is planted under ``experience/``, ``params/`` or
-``league/results/``: truncated, bit-flipped and re-sealed copies of the run's own objects, amplifying msgpack
+Every ``--every`` seconds one object from a random mix is planted in the run's experience shard
+(``experience/s0000/``, the one shard of a one-rank run) or under ``params/``: truncated, bit-flipped and re-sealed copies of the run's own objects, amplifying msgpack
 (nested empty containers), out-of-range actions, actions the mask forbids, versions from the future, negative
 counts, huge declared sizes (8 GB sparse files, 4-billion-entry headers), FIFOs, links to /dev/zero and odd
 names. Prints what was planted, the bad objects the optimizer counted, the versions published over time, role
@@ -60,7 +60,7 @@ class Planter:
         self.n = 0
 
     def _real_experience(self) -> bytes | None:
-        objs = sorted(p for p in (self.store / "experience").glob("w*/*.rxp") if not p.name.startswith(PLANTED))
+        objs = sorted(p for p in (self.store / "experience").glob("s*/*.rxp") if not p.name.startswith(PLANTED))
         for path in reversed(objs[-20:]):
             try:
                 if stat.S_ISREG(path.lstat().st_mode):  # never our own FIFOs and links
@@ -91,11 +91,9 @@ class Planter:
 
     def plant(self) -> str:
         self.n += 1
-        area, kind = self.rng.choice([("experience/zz-hostile", k) for k in EXPERIENCE_KINDS]
-                                     + [("experience/w0", k) for k in ("truncated", "fifo", "dev-zero", "odd-name")]
-                                     + [("params", k) for k in OTHER_KINDS]
-                                     + [("league/results/zz-hostile", k) for k in OTHER_KINDS])
-        ext = {"params": ".rpm"}.get(area, ".rmr" if area.startswith("league") else ".rxp")
+        area, kind = self.rng.choice([("experience/s0000", k) for k in EXPERIENCE_KINDS]
+                                     + [("params", k) for k in OTHER_KINDS])
+        ext = {"params": ".rpm"}.get(area, ".rxp")
         name = f"{FAR + self.n:012d}{ext}" if area == "params" else f"{PLANTED}-{self.n:08d}{ext}"
         path = self._path(area, name)
         real = self._real_experience() or seal(experience.FORMAT, b"\x80")
@@ -112,7 +110,7 @@ class Planter:
                 payload[self.rng.randrange(len(payload))] = self.rng.randrange(256)
             path.write_bytes(seal(experience.FORMAT, bytes(payload)))
         elif kind == "amplifying":
-            fmt = {".rpm": "rapid.params", ".rmr": "rapid.results"}.get(ext, experience.FORMAT)
+            fmt = {".rpm": "rapid.params"}.get(ext, experience.FORMAT)
             path.write_bytes(seal(fmt, nested_empty(self.rng.choice([1, 4, 16]) << 20)))
         elif kind == "huge-declared-count":
             path.write_bytes(seal(experience.FORMAT, b"\xdd\xff\xff\xff\xff" + b"\x90" * 1000))

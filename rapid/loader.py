@@ -60,7 +60,7 @@ from rapid.formats.experience import LIMITS, Shape
 from rapid.infra.store import BadObject, InvalidKey, KeyNotFound, Store, StoreError
 from rapid.league.results import Tally
 from rapid.opt.buffer import ExperienceBuffer
-from rapid.store_map import experience_cursor, experience_shard_prefix, owned_shards
+from rapid.store_map import experience_cursor, experience_shard_prefix, owned_shards, shard_of, shard_split
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,7 @@ class ExperienceLoader:
                  download_threads: int = 4, clock: Callable[[], float] = time.time):
         self.store, self.shape, self.buffer = store, shape, buffer
         self.rank, self.world, self.shards = rank, world, owned_shards(rank, world, shards)
+        self.split = shard_split(rank, world, shards)
         self.poll_s, self.retention_s = poll_s, retention_s
         self.poll_max_s = poll_s if poll_max_s is None else max(poll_s, poll_max_s)
         self.lookback_s, self.sweep_s = lookback_s, sweep_s
@@ -191,7 +192,7 @@ class ExperienceLoader:
             cursor = experience_cursor(shard, since_ms)
             self.stats.lists += 1
             keys = [k for k in self.store.list(experience_shard_prefix(shard), start_after=None if sweep else cursor)
-                    if k not in self._seen]
+                    if k not in self._seen and self._mine(k)]
             if sweep and self._swept_once:
                 missed = sum(k <= cursor for k in keys)
                 if missed:
@@ -201,6 +202,10 @@ class ExperienceLoader:
             out.extend(keys)
         self._swept_once = self._swept_once or sweep
         return out
+
+    def _mine(self, key: str) -> bool:
+        index, count = self.split
+        return count == 1 or shard_of(key, count) == index
 
     def _decode_next(self, downloads: deque, decoding: deque) -> int:
         """Hand the oldest finished download to a decoder; finish decodes once enough are pending."""

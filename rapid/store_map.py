@@ -93,8 +93,21 @@ def shard_owner(shard: int, world: int) -> int:
 
 
 def owned_shards(rank: int, world: int, shards: int) -> list[int]:
-    """The shards rank ``rank`` of ``world`` lists: about shards / world of them, disjoint across ranks."""
-    return list(range(rank, shards, world))
+    """The shards rank ``rank`` of ``world`` lists: about shards / world of them, disjoint across ranks; with
+    more ranks than shards (a resume on more ranks), one shard shared with others (see ``shard_split``)."""
+    return list(range(rank, shards, world)) if world <= shards else [rank % shards]
+
+
+def shard_split(rank: int, world: int, shards: int) -> tuple[int, int]:
+    """(i, n): rank ``rank`` takes the keys of its shards whose ``shard_of(key, n)`` is i. n is 1 unless
+    there are more ranks than shards, when the n ranks listing one shard split its keys between them.
+
+    >>> [shard_split(r, world=5, shards=2) for r in range(5)]
+    [(0, 3), (0, 2), (1, 3), (1, 2), (2, 3)]
+    """
+    if world <= shards:
+        return 0, 1
+    return rank // shards, len(range(rank % shards, world, shards))
 
 
 def params_key(version: int) -> str:
