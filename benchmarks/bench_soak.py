@@ -3,12 +3,12 @@
     OMP_NUM_THREADS=1 python benchmarks/bench_soak.py [--minutes 4] [--every 1.0] [--seed 0] [--run-dir DIR]
 
 Every ``--every`` seconds one object from a random mix is planted in the run's experience shard
-(``experience/s0000/``, the one shard of a one-rank run) or under ``params/``: truncated, bit-flipped and re-sealed copies of the run's own objects, amplifying msgpack
-(nested empty containers), out-of-range actions, actions the mask forbids, versions from the future, negative
-counts, huge declared sizes (8 GB sparse files, 4-billion-entry headers), FIFOs, links to /dev/zero and odd
-names. Prints what was planted, the bad objects the optimizer counted, the versions published over time, role
-restarts, tracebacks in the logs, and each role's peak RSS (VmHWM). The run must publish versions throughout
-and its memory must stay bounded.
+(``experience/s0000/``, the one shard of a one-rank run) or under ``params/``: truncated, bit-flipped and
+re-sealed copies of the run's own objects, amplifying msgpack (nested empty containers), out-of-range actions,
+actions the mask forbids, versions from the future, negative counts, huge declared sizes (8 GB sparse files,
+4-billion-entry headers), FIFOs, links to /dev/zero and odd names. Prints what was planted, the bad objects
+the optimizer counted, the versions published over time, role restarts, tracebacks in the logs, and each
+role's peak RSS (VmHWM). The run must publish versions throughout and its memory must stay bounded.
 """
 
 from __future__ import annotations

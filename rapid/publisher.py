@@ -4,8 +4,8 @@ the store.
 Jobs run one at a time in the order given, so versions are published in order (each job writes its
 version object before moving LATEST). At most one job waits behind the running one: a store slower than
 the updates makes ``submit`` block rather than pile up copies of the weights (``longest_wait_s`` says how
-long it ever did). ``try_submit`` is for work that can wait for the next update (a checkpoint) and is
-skipped while anything is queued. The league has a thread of its own (``rapid.roles.league_keeper``).
+long it ever did). ``try_submit`` is for optional work, skipped while anything is queued. The league has a
+thread of its own (``rapid.roles.league_keeper``).
 A job's exception is kept and raised in the caller's thread by the next ``submit``/``check``/``close``.
 
 Usage (in the learner a job is ``lambda: params.publish(3, tensors, meta)``, with a copy of the tensors)::
@@ -14,7 +14,7 @@ Usage (in the learner a job is ``lambda: params.publish(3, tensors, meta)``, wit
     >>> writer = BackgroundWriter()
     >>> writer.submit("publish v3", lambda: done.append("v3"))
     >>> writer.drain()                       # wait for it here only to make try_submit's answer certain
-    >>> writer.try_submit("checkpoint", lambda: done.append("ckpt"))   # queued: nothing else was pending
+    >>> writer.try_submit("optional", lambda: done.append("ckpt"))   # queued: nothing else was pending
     True
     >>> writer.check()                       # raises the first job error, if any
     >>> writer.close()                       # drains: every submitted job has run

@@ -22,9 +22,10 @@ import pytest
 
 from rapid.checkpoints import load_latest_checkpoint
 from rapid.config import load_config
-from rapid.formats.experience import ExperienceBatch, Shape, encode_experience
+from rapid.formats.experience import ExperienceBatch, Shape, decode_experience, encode_experience
 from rapid.infra.s3 import S3Store
 from rapid.infra.store import LocalStore
+from rapid.league import League
 from rapid.loader import ExperienceLoader
 from rapid.monitoring.logs import read_jsonl
 from rapid.opt.buffer import ExperienceBuffer
@@ -191,6 +192,11 @@ def test_two_rollout_ranks_and_two_optimizer_ranks_against_s3(tmp_path, s3_serve
     uploaded = store.list("experience/")
     assert {key.split("/")[2].split("-")[1] for key in uploaded} == {"w0", "w1"}, uploaded
     assert {parse_experience_shard(key) for key in uploaded} == {0, 1}, uploaded  # one shard per optimizer rank
+    # The games both ranks loaded were pooled at the publishes (an all-gather) and folded by rank 0: no
+    # match-result objects, and no more games than the uploaded objects carry.
+    shape = connect_four_shape(load_config(config))
+    played = sum(len(decode_experience(store.get(k), shape).episodes) for k in uploaded)
+    assert 0 < League(store).read().latest_games <= played and store.list("league/results/") == []
     assert load_latest_checkpoint(store).version == 8
 
     log = read_jsonl(tmp_path / "run" / "logs" / "optimizer.jsonl")

@@ -236,13 +236,13 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
                 report.version(version)
                 # 4. league: every rank's games since the last version, pooled; rank 0 folds them off this thread
                 _pool_games(loader, ctx, league, log)
-            # 5. checkpoint (rank 0, background; while the writer is busy, at a later update)
+            # 5. checkpoint (rank 0, background)
             if lead and learner.updates - last_ckpt_updates >= cfg.optimizer.checkpoint_every:
                 ckpt = _snapshot(learner, version)
-                if writer.try_submit(f"checkpoint v{version}", lambda ckpt=ckpt: _until_stored(
-                        f"checkpoint v{ckpt.version}", lambda: save_checkpoint(store, ckpt, o.keep_checkpoints),
-                        stop, log)):
-                    last_ckpt_updates = learner.updates
+                writer.submit(f"checkpoint v{version}", lambda ckpt=ckpt: _until_stored(
+                    f"checkpoint v{ckpt.version}", lambda: save_checkpoint(store, ckpt, o.keep_checkpoints),
+                    stop, log))
+                last_ckpt_updates = learner.updates
             decision = balancer.step(time.monotonic(), **_balance_inputs(buffer.stats()), busy_s=busy_s)
             report.update(learner.updates, version, stats, staleness, decision, wait_s)
     finally:
@@ -258,8 +258,9 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
             metrics.close()
         if lead and clean and lease.held:
             _checkpoint(store, cfg, learner, version)
-            log.info("stopped (%s) at version %d after %d updates; final checkpoint written",
-                     stop.reason or "done", version, learner.updates)
+            log.info("stopped (%s) at version %d after %d updates; final checkpoint written; the update loop "
+                     "waited at most %.0f ms on the background writer", stop.reason or "done", version,
+                     learner.updates, 1000 * writer.longest_wait_s)
         elif lead:
             log.warning("stopped (%s) at version %d after %d updates; no final checkpoint",
                         stop.reason or "error", version, learner.updates)
