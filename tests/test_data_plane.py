@@ -230,3 +230,20 @@ def test_the_league_keeper_never_blocks_its_caller(tmp_path):
     gate.set()
     keeper.close()
     assert League(store).read().latest_games == 50
+
+
+def test_a_run_of_an_older_rapid_resumes_and_says_its_old_experience_is_ignored(tmp_path, caplog):
+    import logging
+
+    from rapid.roles.optimizer import _write_layout
+
+    store = LocalStore(tmp_path)
+    store.put("experience/w0/1700000000abc-00000001.rxp", b"an object of the old layout")
+    caplog.set_level(logging.INFO)
+    _write_layout(store, Config(), world=2, resume=True, log=logging.getLogger("test"))
+    assert read_layout(store) == 2
+    assert any("older rapid" in r.getMessage() for r in caplog.records)
+    assert store.list("experience/w0/") == ["experience/w0/1700000000abc-00000001.rxp"]  # nothing deleted
+    caplog.clear()
+    _write_layout(store, Config(), world=4, resume=True, log=logging.getLogger("test"))  # resumed on 4 ranks
+    assert read_layout(store) == 2 and not any("older rapid" in r.getMessage() for r in caplog.records)
