@@ -164,7 +164,9 @@ class ExperienceLoader:
         sweep = now >= self._next_sweep
         if sweep:
             self._next_sweep = now + self.sweep_s
-        fresh = [k for k in self._list_new(now, sweep) if k.endswith(".rxp")]
+        listed = self._list_new(now, sweep)
+        self._seen.update(k for k in listed if not k.endswith(".rxp"))  # not an object: never looked at again
+        fresh = [k for k in listed if k.endswith(".rxp")]
         elapsed, self._last_poll = max(now - self._last_poll, 1e-3), now
         self._rate = 0.8 * self._rate + 0.2 * len(fresh) / elapsed
         loaded = 0

@@ -247,3 +247,16 @@ def test_a_run_of_an_older_rapid_resumes_and_says_its_old_experience_is_ignored(
     caplog.clear()
     _write_layout(store, Config(), world=4, resume=True, log=logging.getLogger("test"))  # resumed on 4 ranks
     assert read_layout(store) == 2 and not any("older rapid" in r.getMessage() for r in caplog.records)
+
+
+def test_a_garbled_layout_stops_the_optimizer_with_one_line(tmp_path):
+    import logging
+
+    from rapid.errors import UsageError
+    from rapid.roles.optimizer import _write_layout
+
+    store = LocalStore(tmp_path)
+    store.put(LAYOUT, b"\x00not json")
+    with pytest.raises(UsageError, match="layout.json is not a rapid layout document"):
+        _write_layout(store, Config(), world=1, resume=True, log=logging.getLogger("test"))
+    assert store.get(LAYOUT) == b"\x00not json"  # nothing overwritten

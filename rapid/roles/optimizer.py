@@ -138,14 +138,14 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
             log.info("resumed from %s (update %d); next version %d", point.source, learner.updates, version + 1)
         elif newest_version_in_use(store) is not None:
             raise UsageError(f"{store.describe()} already holds published parameters; use --resume or a new run dir")
+        if lead:
+            _write_layout(store, cfg, rank.size, resume, log)
     except UsageError:
         if lease:
             lease.abandon()  # this optimizer never started: the store is left as it was
         raise
     if lease:
         lease.keep(stop)
-    if lead:
-        _write_layout(store, cfg, rank.size, resume, log)
     if ctx is not None:
         ctx.broadcast_parameters(policy, src=0)  # also the barrier after which every rank reads the layout
     if lead and not resume:
@@ -305,8 +305,11 @@ def _snapshot(learner: Learner, version: int) -> Checkpoint:
 def _write_layout(store, cfg: Config, world: int, resume: bool, log) -> None:
     """Fix the run's experience shard count before the first version (workers read it then). A run of an older
     rapid has none: its objects under experience/<worker>/ are left alone and not read."""
-    legacy = resume and read_layout(store) is None and bool(store.list(EXPERIENCE_PREFIX))
-    shards = write_layout(store, cfg.store.experience_shards or world)
+    try:
+        legacy = resume and read_layout(store) is None and bool(store.list(EXPERIENCE_PREFIX))
+        shards = write_layout(store, cfg.store.experience_shards or world)
+    except FormatError as e:
+        raise UsageError(f"{e} in {store.describe()}: restore it or start a new run") from e
     log.info("experience in %d shard(s); %d per rank", shards, math.ceil(shards / world))
     if legacy:
         log.warning("this run began under an older rapid: experience objects in the old layout are ignored "
