@@ -1,0 +1,88 @@
+"""Simulated time for the scale model.
+
+The fleet is a discrete-event simulation: one OS thread drives every simulated worker and rank in order of
+due time, so the clock the data-plane code reads must be the simulation's, not the wall's. This module is
+the ONE place where rapid's modules are patched: :func:`installed` replaces the ``time`` module attribute of
+every loaded ``rapid.*`` module that imported ``time`` with :class:`TimeShim`, whose ``time()`` and
+``monotonic()`` read the simulated clock and whose every other attribute (``perf_counter``, ``sleep``,
+``thread_time``…) is the real ``time`` module's.
+
+While an actor (a worker, a rank, the writer) takes a step, the clock reads ``now + elapsed + skew``: the
+step's start, plus the latency its store requests have been charged so far, plus that actor's clock error
+(a worker whose clock runs 30 s fast). Requests charge their modelled latency to ``elapsed``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time as _real_time
+from contextlib import contextmanager
+
+WALL_EPOCH = 1_700_000_000.0
+"""What ``time.time()`` reads at simulated second 0: a plausible wall clock, so keys with times in them look
+like a real run's."""
+MONOTONIC_EPOCH = 100_000.0
+
+
+class SimClock:
+    def __init__(self):
+        self.now = 0.0  # the scheduler's time: the start of the step being taken
+        self.elapsed = 0.0  # latency charged by the running step's requests
+        self.skew = 0.0  # the running actor's clock error (seconds)
+        self.actor: object | None = None
+
+    def t(self) -> float:
+        """Simulated seconds since the start, as the running step sees them (no skew: the true time)."""
+        return self.now + self.elapsed
+
+    def time(self) -> float:
+        return WALL_EPOCH + self.t() + self.skew
+
+    def monotonic(self) -> float:
+        return MONOTONIC_EPOCH + self.t()
+
+    def charge(self, seconds: float) -> None:
+        self.elapsed += seconds
+
+    @contextmanager
+    def acting(self, actor: object, at: float, skew: float = 0.0):
+        """Run one step of ``actor`` starting at simulated time ``at``; yields, then ``elapsed`` holds the
+        latency the step was charged."""
+        self.actor, self.now, self.elapsed, self.skew = actor, at, 0.0, skew
+        try:
+            yield self
+        finally:
+            self.actor, self.skew = None, 0.0
+
+
+class TimeShim:
+    """Stands in for the ``time`` module inside rapid's modules: simulated wall and monotonic clocks."""
+
+    def __init__(self, clock: SimClock):
+        self._clock = clock
+
+    def time(self) -> float:
+        return self._clock.time()
+
+    def monotonic(self) -> float:
+        return self._clock.monotonic()
+
+    def __getattr__(self, name: str):
+        return getattr(_real_time, name)
+
+
+@contextmanager
+def installed(clock: SimClock):
+    """Point every loaded ``rapid.*`` module's ``time`` at the simulated clock while the block runs; yields
+    the names of the modules patched. Enter it after importing everything the model drives (a module
+    imported later keeps the real clock); leaving it gives every module the real clock back."""
+    shim = TimeShim(clock)
+    patched = [name for name, module in sorted(sys.modules.items())
+               if name.startswith("rapid") and getattr(module, "time", None) is _real_time]
+    for name in patched:
+        sys.modules[name].time = shim
+    try:
+        yield patched
+    finally:
+        for name in patched:
+            sys.modules[name].time = _real_time
