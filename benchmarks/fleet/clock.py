@@ -29,6 +29,7 @@ class SimClock:
         self.now = 0.0  # the scheduler's time: the start of the step being taken
         self.elapsed = 0.0  # latency charged by the running step's requests
         self.skew = 0.0  # the running actor's clock error (seconds)
+        self.streams = 1  # requests in flight together (a loader's parallel downloads): each is charged 1/streams
         self.actor: object | None = None
 
     def t(self) -> float:
@@ -42,7 +43,7 @@ class SimClock:
         return MONOTONIC_EPOCH + self.t()
 
     def charge(self, seconds: float) -> None:
-        self.elapsed += seconds
+        self.elapsed += seconds / self.streams
 
     @contextmanager
     def acting(self, actor: object, at: float, skew: float = 0.0):

@@ -75,6 +75,7 @@ class Settings:
     churn: float = 0.0  # fault: this share of the workers leaves (and is replaced) every upload interval
     restart_at: float = 0.0  # fault: the optimizer job restarts (--resume) at this simulated second
     restart_down_s: float = 30.0
+    shards: int = 0  # experience shards of the sharded plane (0: one per rank, as store.experience_shards)
 
 
 class OutOfTime(Exception):
@@ -179,7 +180,7 @@ class SimWriter:
             kind = name.split()[0]
             self.jobs[kind] += 1
             self.job_s[kind] = max(self.job_s[kind], self.busy_until - start)
-            self.fleet.observe_pool()
+            self.fleet.plane.after_writer_job()
             yield self.busy_until
 
 
@@ -257,7 +258,7 @@ class Rank:
         s = fleet.s
         self.fleet, self.rank = fleet, rank
         self.buffer = ExperienceBuffer(fleet.capacity, s.max_staleness)
-        self.loader = fleet.plane.loader(fleet.store, SHAPE, self.buffer, rank, s.ranks, s, lambda: fleet.version)
+        self.loader = fleet.plane.loader(fleet.store, SHAPE, self.buffer, rank, s, lambda: fleet.version)
         self.batch = None
         self.actor = fleet.sched.start(Actor(f"rank{rank}", self._run()), at)
 
@@ -273,7 +274,7 @@ class Rank:
             if start < fleet.s.sim_s:  # the figures cover the run, not the drain after it
                 fleet.poll_cpu.append(time.thread_time() - t0 - (fleet.meter.store_cpu - store0))
                 fleet.poll_s.append(fleet.clock.t() - start)
-            yield fleet.clock.t() + fleet.s.poll_s
+            yield fleet.clock.t() + fleet.plane.next_wait(self.loader)
 
 
 @dataclass
@@ -332,7 +333,8 @@ class Optimizer:
                 yield from self._until_writer_free()
                 fleet.plane.publish(self.writer, self.params, self.keeper, PARAM_TENSORS, fleet.version,
                                     self.fig.updates, self.stop, QUIET)
-            self.writer.try_submit("league", fleet.plane.fold_job(self.keeper))
+                fleet.plane.after_publish(self)
+            fleet.plane.after_update(self)
             if self.fig.updates - last_ckpt >= s.checkpoint_every:
                 last_ckpt = self.fig.updates
                 yield from self._until_writer_free()
@@ -371,11 +373,16 @@ class Fleet:
         self.poll_cpu: list = []
         self.poll_s: list = []
         self.snapshot_failures = self.list_failures = self.restarts = self.churned = 0
-        self.optimizer = Optimizer(self)
-        self.ranks = [Rank(self, k, 0.0) for k in range(s.ranks)]
-        self.workers = {i: Worker(self, i, 0.0) for i in range(s.workers)}
+        with clock.acting("start", 0.0):  # what the roles do at start-up, before the first simulated step
+            plane.start(self)
+            self.ranks = [Rank(self, k, 0.0) for k in range(s.ranks)]
+            self.optimizer = Optimizer(self)
+            self.workers = {i: Worker(self, i, 0.0) for i in range(s.workers)}
         if s.churn:
             self.sched.start(Actor("churn", self._churn()), s.upload_s)
+
+    def actor(self, name: str, gen) -> Actor:
+        return Actor(name, gen)
 
     def _churn(self):
         while True:
