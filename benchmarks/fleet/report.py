@@ -89,6 +89,8 @@ def figures(fleet, live_half: dict, live_end: dict) -> dict:
         "complete": reached >= s.sim_s,
         "list_pages_per_poll": sum(m.requests["experience", "LIST", h] for h in (0, 1)) / polls,
         "poll_cpu_ms_p50": 1e3 * pct(fleet.poll_cpu, 50), "poll_cpu_ms_p99": 1e3 * pct(fleet.poll_cpu, 99),
+        "client": m.client, "poll_cpu_client_ms_p50": 1e3 * pct(fleet.poll_cpu_client, 50),
+        "poll_cpu_client_ms_p99": 1e3 * pct(fleet.poll_cpu_client, 99),
         "poll_s_p50": pct(fleet.poll_s, 50), "poll_s_p99": pct(fleet.poll_s, 99),
         "hot_key": hot_key, "hot_key_gets_per_s": hot_gets / reached,
         "throttled": dict(m.throttled), "slowdown_raised": dict(m.failed),
@@ -124,6 +126,8 @@ def print_report(fig: dict, out=print) -> None:
         ("poll duration p50 / p99 (simulated s)", f"{fig['poll_s_p50']:.2f} / {fig['poll_s_p99']:.2f}"),
         ("CPU per poll per rank p50 / p99 (ms, rapid's code)", f"{fig['poll_cpu_ms_p50']:.2f} / "
                                                                 f"{fig['poll_cpu_ms_p99']:.2f}"),
+        *([(f"CPU per poll per rank p50 / p99 (ms, with {fig['client']})",
+             f"{fig['poll_cpu_client_ms_p50']:.2f} / {fig['poll_cpu_client_ms_p99']:.2f}")] if fig["client"] else []),
         ("hottest key, GETs/s", f"{fig['hot_key']} {fig['hot_key_gets_per_s']:.1f}"),
         ("SlowDown answers (retried) / raised", f"{fig['throttled'] or 0} / {fig['slowdown_raised'] or 0}"),
         ("loader polls failed (store error)", fig["list_failures"]),

@@ -272,7 +272,9 @@ class Rank:
             except StoreError:
                 fleet.list_failures += 1  # the loader thread counts it and polls again
             if start < fleet.s.sim_s:  # the figures cover the run, not the drain after it
-                fleet.poll_cpu.append(time.thread_time() - t0 - (fleet.meter.store_cpu - store0))
+                cpu = time.thread_time() - t0
+                fleet.poll_cpu.append(cpu - (fleet.meter.store_cpu - store0))
+                fleet.poll_cpu_client.append(cpu)
                 fleet.poll_s.append(fleet.clock.t() - start)
             yield fleet.clock.t() + fleet.plane.next_wait(self.loader)
 
@@ -370,7 +372,8 @@ class Fleet:
         self.games_sealed: list = []
         self.pool_games: list = []  # (time, games folded into the pool so far)
         self._pool_blob = None
-        self.poll_cpu: list = []
+        self.poll_cpu: list = []  # CPU seconds of rapid's code per poll (the store's own excluded)
+        self.poll_cpu_client: list = []  # the same with the store client's (botocore's, on moto)
         self.poll_s: list = []
         self.snapshot_failures = self.list_failures = self.restarts = self.churned = 0
         with clock.acting("start", 0.0):  # what the roles do at start-up, before the first simulated step

@@ -90,6 +90,7 @@ class Meter:
         self.store_cpu = 0.0  # CPU seconds spent inside the stores (the model's own cost, not rapid's)
         self.slow_put: dict[object, float] = {}  # actor → extra seconds on each experience PUT (a slow link)
         self.muted = False  # the model reading the pool for its own figures: not a request of the fleet
+        self.client = ""  # the store client whose CPU is worth reporting beside rapid's ("botocore" on moto)
 
     def extra(self, op: str, key: str) -> float:
         if op == "PUT" and key.startswith("experience/"):
@@ -269,6 +270,7 @@ class MeteredS3(Store):
 
     def __init__(self, inner, meter: Meter):
         self.inner, self.meter, self.url = inner, meter, inner.url
+        meter.client = "botocore"
         self.root = f"{inner.prefix}/" if inner.prefix else ""
         # S3Store keeps its client private; a benchmark may look inside to count what goes on the wire.
         inner._client.meta.events.register("provide-client-params.s3", self._on_call)
@@ -288,32 +290,40 @@ class MeteredS3(Store):
             self.meter.latency.bytes(key, abs(n))
         self.meter.clock.charge(self.meter.latency.bytes(key, abs(n)) / self.meter.latency.bandwidth)
 
+    def _timed(self, fn, *args):
+        """Run the S3 call, its CPU (botocore's) kept apart from rapid's."""
+        t0 = time.thread_time()
+        try:
+            return fn(*args)
+        finally:
+            self.meter.store_cpu += time.thread_time() - t0
+
     def put(self, key, data):
-        self.inner.put(key, data)
+        self._timed(self.inner.put, key, data)
         self._bytes(key, len(data))
         self.meter.put_done(key)
 
     def put_if_absent(self, key, data):
-        done = self.inner.put_if_absent(key, data)
+        done = self._timed(self.inner.put_if_absent, key, data)
         if done:
             self._bytes(key, len(data))
             self.meter.put_done(key)
         return done
 
     def get(self, key, max_bytes=DEFAULT_MAX_BYTES):
-        data = self.inner.get(key, max_bytes)
+        data = self._timed(self.inner.get, key, max_bytes)
         self._bytes(key, -len(data))
         self.meter.got(key)
         return data
 
     def list(self, prefix="", start_after=None):
-        return self.inner.list(prefix, start_after)
+        return self._timed(self.inner.list, prefix, start_after)
 
     def delete(self, key):
-        self.inner.delete(key)
+        self._timed(self.inner.delete, key)
 
     def exists(self, key):
-        return self.inner.exists(key)
+        return self._timed(self.inner.exists, key)
 
     def peek(self, key: str) -> bytes | None:
         self.meter.muted = True
