@@ -108,7 +108,11 @@ class Uploader:
         with self._lock:
             segments, self._pending = self._pending, []
         segments = [s for s in segments if s.arrays["version"].size or s.episodes]
-        if not segments:
+        if not any(s.arrays["version"].size for s in segments):
+            # Games but no samples yet (a worker's first segment holds its samples back for GAE): an object
+            # needs samples, so the games wait for the next one.
+            with self._lock:
+                self._pending[:0] = segments
             return
         opponents = sorted({o for s in segments for o in s.opponents})
         arrays = {}

@@ -260,3 +260,18 @@ def test_a_garbled_layout_stops_the_optimizer_with_one_line(tmp_path):
     with pytest.raises(UsageError, match="layout.json is not a rapid layout document"):
         _write_layout(store, Config(), world=1, resume=True, log=logging.getLogger("test"))
     assert store.get(LAYOUT) == b"\x00not json"  # nothing overwritten
+
+
+def test_games_without_samples_wait_for_the_next_object(tmp_path):
+    """A worker's first segment can finish games before it has a sample (GAE holds the samples back): an
+    object of games alone would be refused by every rank, so the games go out with the next samples."""
+    store = LocalStore(tmp_path)
+    up = Uploader(store, "w0", interval_s=3600, max_backlog=8)
+    up.add(Segment(arrays(0), opponents=["latest"], episodes=[GAME, GAME], env_steps=30))
+    up.flush()
+    assert store.list("experience/") == [] and up.stats.objects == 0
+    up.add(Segment(arrays(3), opponents=["latest"], episodes=[GAME], env_steps=40))
+    up.flush()
+    (key,) = store.list("experience/")
+    batch = decode_experience(store.get(key), SHAPE)
+    assert batch.num_samples == 3 and len(batch.episodes) == 3 and batch.env_steps == 70
