@@ -141,6 +141,9 @@ class OptimizerConfig:
     slower than list_lookback_s)."""
     download_threads: int = 4
     """Experience downloads in flight per rank (one stream alone saturates long before the network)."""
+    mark_s: float = 30.0
+    """Seconds between a rank's notes of how far it has loaded its shards (loader/…): a restarted rank does
+    not load again what it loaded before (0: no notes; a restart then loads everything still stored)."""
     device: str = "auto"
     """'auto' (CUDA local rank when present), 'cpu' or 'cuda'."""
     precision: str = "fp32"
@@ -432,6 +435,7 @@ def validate(cfg: Config) -> list[str]:
     _positive(e, "optimizer.list_lookback_s", o.list_lookback_s)
     _positive(e, "optimizer.sweep_s", o.sweep_s)
     _positive(e, "optimizer.download_threads", o.download_threads)
+    _positive(e, "optimizer.mark_s", o.mark_s, allow_zero=True)
     if not 0 <= cfg.store.experience_shards <= 65_536:
         e.append(f"store.experience_shards must be within [0, 65536] (got {cfg.store.experience_shards})")
     if o.device not in ("auto", "cpu", "cuda"):

@@ -56,11 +56,22 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from rapid.decode_pool import Decoded, DecodePool
+from rapid.errors import FormatError
 from rapid.formats.experience import LIMITS, Shape
 from rapid.infra.store import BadObject, InvalidKey, KeyNotFound, Store, StoreError
 from rapid.league.results import Tally
 from rapid.opt.buffer import ExperienceBuffer
-from rapid.store_map import experience_cursor, experience_shard_prefix, owned_shards, shard_of, shard_split
+from rapid.store_map import (
+    experience_cursor,
+    experience_shard_prefix,
+    loader_mark_key,
+    owned_shards,
+    parse_experience_ms,
+    read_loader_mark,
+    shard_of,
+    shard_split,
+    write_loader_mark,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +98,7 @@ class ExperienceLoader:
                  shards: int = 1, poll_s: float = 0.5, retention_s: float = 600.0, on_bad=None, on_load=None,
                  decode_workers: int = 0, current_version: Callable[[], int] | None = None,
                  poll_max_s: float | None = None, lookback_s: float = 120.0, sweep_s: float = 300.0,
-                 download_threads: int = 4, clock: Callable[[], float] = time.time):
+                 download_threads: int = 4, mark_s: float = 30.0, clock: Callable[[], float] = time.time):
         self.store, self.shape, self.buffer = store, shape, buffer
         self.rank, self.world, self.shards = rank, world, owned_shards(rank, world, shards)
         self.split = shard_split(rank, world, shards)
@@ -108,6 +119,9 @@ class ExperienceLoader:
         self._tally = Tally()
         self._next_sweep = clock()  # the first poll lists everything: what waited for this rank while it was away
         self._swept_once = False
+        self.mark_s = mark_s
+        self._next_mark = clock() + mark_s
+        self._failed_downloads = 0
         self._rate = 0.0  # objects per second arriving in this rank's shards (moving average)
         self._last_poll = clock()
         self._lock = threading.Lock()
@@ -183,8 +197,42 @@ class ExperienceLoader:
             loaded += self._decode_next(downloads, decoding)
         while decoding:
             loaded += self._finish(*decoding.popleft())
+        self._mark_progress(now)
         self._expire()
         return loaded
+
+    def _mark_progress(self, now: float) -> None:
+        """Every mark_s, note per shard that everything named before this poll's cursor is loaded (unless a
+        download failed: it is retried and must not be skipped by a restart)."""
+        failed, self._failed_downloads = self._failed_downloads, 0
+        if failed or self.mark_s <= 0 or now < self._next_mark:
+            return
+        self._next_mark = now + self.mark_s
+        for shard in self.shards:
+            try:
+                write_loader_mark(self.store, loader_mark_key(shard, *self.split), int((now - self.lookback_s) * 1000))
+            except StoreError as e:
+                self.stats.store_errors += 1
+                log.warning("could not note the loader's progress in shard %d: %s", shard, e)
+
+    def _skip_loaded_before_restart(self, shard: int, keys: list[str]) -> list[str]:
+        """On the first listing: keys named before this shard's mark were loaded before a restart; they are not
+        loaded again, only deleted when retention says (a name without a time is loaded: it may be anything)."""
+        try:
+            mark = read_loader_mark(self.store, loader_mark_key(shard, *self.split))
+        except (StoreError, FormatError) as e:
+            log.warning("shard %d: no usable loader mark (%s); loading everything listed", shard, e)
+            mark = None
+        if mark is None:
+            return keys
+        done = sorted((ms, k) for k in keys if (ms := parse_experience_ms(k)) is not None and ms < mark)
+        for ms, key in done:
+            self._seen.add(key)
+            self._done_at.append((ms / 1000, key))
+        if done:
+            log.info("shard %d: %d object(s) loaded before the restart are not loaded again", shard, len(done))
+        skipped = {k for _, k in done}
+        return [k for k in keys if k not in skipped]
 
     def _list_new(self, now: float, sweep: bool) -> list[str]:
         """Keys of this rank's shards not seen yet: named in the last lookback_s, or all of them in a sweep."""
@@ -195,6 +243,8 @@ class ExperienceLoader:
             self.stats.lists += 1
             keys = [k for k in self.store.list(experience_shard_prefix(shard), start_after=None if sweep else cursor)
                     if k not in self._seen and self._mine(k)]
+            if not self._swept_once:
+                keys = self._skip_loaded_before_restart(shard, keys)
             if sweep and self._swept_once:
                 missed = sum(k <= cursor for k in keys)
                 if missed:
@@ -240,6 +290,7 @@ class ExperienceLoader:
             return None
         except StoreError as e:
             self.stats.store_errors += 1
+            self._failed_downloads += 1
             self._seen.discard(key)  # try again next poll
             log.warning("download of %s failed: %s", key, e)
             return None
@@ -264,14 +315,14 @@ class ExperienceLoader:
         with self._lock:
             self._episodes.extend(result.episodes)
             self._tally.add(result.episodes)
-        self._done_at.append((time.time(), key))
+        self._done_at.append((self.clock(), key))
         if self.on_load:
             self.on_load(result.num_samples, size, seconds)
         return 1
 
     def _bad(self, key: str, why: str) -> int:
         self.stats.bad_objects += 1
-        self._done_at.append((time.time(), key))  # retention removes it like a consumed object
+        self._done_at.append((self.clock(), key))  # retention removes it like a consumed object
         log.warning("skipping bad experience object %r: %s", key, why)
         if self.on_bad:
             self.on_bad(key, why)
@@ -281,7 +332,7 @@ class ExperienceLoader:
         """Delete objects (loaded or bad) older than the retention time: a long run must not fill the bucket."""
         if self.retention_s <= 0:
             return
-        cutoff = time.time() - self.retention_s
+        cutoff = self.clock() - self.retention_s
         removed = 0
         while self._done_at and self._done_at[0][0] < cutoff:
             _, key = self._done_at.popleft()

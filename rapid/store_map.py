@@ -10,6 +10,7 @@ The roles share no memory and no sockets; everything between them goes through t
                    checkpoints/<version:012d>.rck, checkpoints/LATEST   (optimizer rank 0; --resume)
     finished games ride inside experience objects; each rank tallies its share, rank 0 folds the pooled counts
     optimizer rank 0 ──put_if_absent──▶ layout.json (how many experience shards the run has; read by workers)
+    optimizer ranks ──put──▶ loader/s<shard>-<i>of<n>.json (loaded through this time: a restart skips the rest)
     optimizer rank 0, evaluator, `rapid league` ──▶ league/pool.json (pointer copy of the newest revision)
                                                     league/pool/<revision:012d>.json (put_if_absent: the lock)
                                                     league/snapshots/<member>.rpm (immutable copies of params)
@@ -55,6 +56,7 @@ SNAPSHOTS_PREFIX = "league/snapshots/"
 LEGACY_RESULTS_PREFIX = "league/results/"
 """Match-result objects of rapid before the sharded layout: no longer written or folded."""
 LAYOUT = "layout.json"
+LOADER_MARKS_PREFIX = "loader/"
 LEASE_PREFIX = "optimizer/lease/"
 
 
@@ -78,6 +80,38 @@ _EXPERIENCE_SHARD = re.compile(re.escape(EXPERIENCE_PREFIX) + r"s([0-9]{4,5})/[^
 def parse_experience_shard(key: str) -> int | None:
     """The shard of an ``experience/s<shard>/…`` key; None for any other key."""
     return _parse(_EXPERIENCE_SHARD, key)
+
+
+_EXPERIENCE_MS = re.compile(re.escape(EXPERIENCE_PREFIX) + r"s[0-9]{4,5}/([0-9]{13})-[^/]+", re.ASCII)
+
+
+def parse_experience_ms(key: str) -> int | None:
+    """The upload time (ms) in an experience key's name; None for a name an uploader did not make."""
+    return _parse(_EXPERIENCE_MS, key)
+
+
+def loader_mark_key(shard: int, index: int = 0, count: int = 1) -> str:
+    """Where a loader notes how far it has loaded a shard (its part ``index`` of ``count``), for a restart."""
+    return f"{LOADER_MARKS_PREFIX}s{int(shard):04d}-{index}of{count}.json"
+
+
+def read_loader_mark(store: Store, key: str) -> int | None:
+    """The time (ms) before which the shard's objects were all loaded; None if unknown, FormatError if garbled."""
+    try:
+        raw = store.get(key, max_bytes=4096)
+    except KeyNotFound:
+        return None
+    try:
+        mark = load_json(raw).get("loaded_through_ms")
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        mark = None
+    if not isinstance(mark, int) or isinstance(mark, bool) or mark < 0:
+        raise FormatError(f"{key} is not a loader mark")
+    return mark
+
+
+def write_loader_mark(store: Store, key: str, through_ms: int) -> None:
+    store.put(key, json.dumps({"loaded_through_ms": int(through_ms)}).encode())
 
 
 def shard_of(name: str, shards: int) -> int:

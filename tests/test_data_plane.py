@@ -275,3 +275,40 @@ def test_games_without_samples_wait_for_the_next_object(tmp_path):
     (key,) = store.list("experience/")
     batch = decode_experience(store.get(key), SHAPE)
     assert batch.num_samples == 3 and len(batch.episodes) == 3 and batch.env_steps == 70
+
+
+def test_a_restarted_rank_does_not_load_again_what_it_loaded(tmp_path):
+    """The rank notes how far it has loaded each shard (loader/…); a restarted rank skips what was loaded
+    before the note, loads what came after, and retention still deletes the skipped objects."""
+    store = LocalStore(tmp_path)
+    clock = [time.time()]
+    before = [put(store, 0, clock[0] - 200 + i, i) for i in range(5)]  # named 200 s ago: loaded, then noted
+    first = loader_on(store, retention_s=300, mark_s=10.0, clock=lambda: clock[0])
+    assert first.poll_once() == 5
+    clock[0] += 11.0
+    assert first.poll_once() == 0  # the note is written now: everything named before now − lookback is loaded
+    assert store.list("loader/") == ["loader/s0000-0of1.json"]
+    later = put(store, 0, clock[0], 99)  # uploaded while the rank was away
+    second = loader_on(store, retention_s=300, mark_s=10.0, clock=lambda: clock[0])  # the restart
+    assert second.poll_once() == 1 and second.stats.objects == 1 and later in second._seen
+    clock[0] += 400  # past retention: the skipped objects go too, nothing grows
+    second.poll_once()
+    assert store.list("experience/") == [] and second.stats.deleted == len(before) + 1
+
+
+def test_no_note_while_a_download_failed(tmp_path):
+    class Flaky(LocalStore):
+        fail = True
+
+        def get(self, key, **kw):
+            if self.fail and key.startswith("experience/"):
+                from rapid.infra.store import StoreError
+
+                raise StoreError("timeout")
+            return super().get(key, **kw)
+
+    store = Flaky(tmp_path)
+    put(store, 0, time.time() - 200, 1)
+    loader = loader_on(store, mark_s=0.001)
+    time.sleep(0.01)
+    assert loader.poll_once() == 0 and store.list("loader/") == []  # the object is retried, not noted as done

@@ -162,7 +162,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
                               on_load=lambda n, nbytes, s: metrics.samples_downloaded(n, nbytes, s),
                               decode_workers=decode_workers(cfg), current_version=lambda: pos.version,
                               poll_max_s=o.poll_max_s, lookback_s=o.list_lookback_s, sweep_s=o.sweep_s,
-                              download_threads=o.download_threads)
+                              download_threads=o.download_threads, mark_s=o.mark_s)
     loader.start()
     oplog = JsonlLog(f"{derived.run_dir}/logs/optimizer.jsonl") if lead else None
     if lead and not os.path.exists(f"{derived.run_dir}/config.toml"):
