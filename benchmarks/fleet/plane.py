@@ -20,6 +20,7 @@ Two workarounds, both because the fleet runs in one thread in simulated time:
 
 from __future__ import annotations
 
+import inspect
 import logging
 from concurrent.futures import Future
 
@@ -114,11 +115,13 @@ class ShardedPlane:
 
     def loader(self, store, shape, buffer, rank: int, s, version) -> ExperienceLoader:
         o = self.cfg
+        optional = {"mark_s": getattr(o, "mark_s", None)}  # the loader's progress marks, where the code has them
+        optional = {k: v for k, v in optional.items() if k in inspect.signature(ExperienceLoader).parameters}
         loader = ExperienceLoader(store, shape, buffer, rank, s.ranks, self._read_layout(store) or 1, s.poll_s,
                                   s.retention_s, decode_workers=0, current_version=version,
                                   poll_max_s=max(s.poll_s, o.poll_max_s), lookback_s=o.list_lookback_s,
                                   sweep_s=o.sweep_s, download_threads=o.download_threads,
-                                  clock=self.fleet.clock.time)
+                                  clock=self.fleet.clock.time, **optional)
         loader.downloads = InlineDownloads(self.fleet.clock, o.download_threads)
         return loader
 

@@ -39,7 +39,7 @@ from rapid.infra.store import (
 from .clock import SimClock
 
 FAMILIES = ("experience", "params", "params/LATEST", "league/results", "league/pool", "league/snapshots",
-            "checkpoints", "other")
+            "checkpoints", "loader", "other")
 OPS = ("PUT", "GET", "LIST", "DELETE", "HEAD")
 WRITES = {"PUT", "DELETE"}
 PRICE_PER_1000 = {"PUT": 0.005, "LIST": 0.005, "GET": 0.0004, "HEAD": 0.0004, "DELETE": 0.0}
@@ -52,7 +52,7 @@ def family(key: str) -> str:
         return "experience"
     if key == "params/LATEST":
         return "params/LATEST"
-    for prefix in ("params", "league/results", "league/snapshots", "checkpoints"):
+    for prefix in ("params", "league/results", "league/snapshots", "checkpoints", "loader"):  # loader/: marks
         if key.startswith(prefix):
             return prefix
     if key.startswith("league/pool"):
