@@ -135,6 +135,8 @@ class ExperienceLoader:
         self._stop.set()
         if self._thread.ident is not None:
             self._thread.join(timeout=30)
+            if not self._thread.is_alive():
+                self._mark_progress(self.clock(), final=True)
         self.downloads.shutdown(wait=False, cancel_futures=True)
         self.decoder.close()
 
@@ -201,23 +203,28 @@ class ExperienceLoader:
         self._expire()
         return loaded
 
-    def _mark_progress(self, now: float) -> None:
-        """Every mark_s, note per shard that everything named before this poll's cursor is loaded (unless a
-        download failed: it is retried and must not be skipped by a restart)."""
+    def _mark_progress(self, now: float, final: bool = False) -> None:
+        """Every mark_s (and at a clean stop), note per shard what is loaded: everything named before this
+        poll's cursor, and the keys loaded since. Not while a download waits for its retry: a restart would
+        skip it."""
         failed, self._failed_downloads = self._failed_downloads, 0
-        if failed or self.mark_s <= 0 or now < self._next_mark:
+        if failed or self.mark_s <= 0 or (now < self._next_mark and not final):
             return
         self._next_mark = now + self.mark_s
+        through_ms = int((now - self.lookback_s) * 1000)
+        recent = [k for _, k in self._done_at if (ms := parse_experience_ms(k)) is not None and ms >= through_ms]
         for shard in self.shards:
+            prefix = experience_shard_prefix(shard)
             try:
-                write_loader_mark(self.store, loader_mark_key(shard, *self.split), int((now - self.lookback_s) * 1000))
+                write_loader_mark(self.store, loader_mark_key(shard, *self.split), through_ms,
+                                  [k for k in recent if k.startswith(prefix)])
             except StoreError as e:
                 self.stats.store_errors += 1
                 log.warning("could not note the loader's progress in shard %d: %s", shard, e)
 
     def _skip_loaded_before_restart(self, shard: int, keys: list[str]) -> list[str]:
-        """On the first listing: keys named before this shard's mark were loaded before a restart; they are not
-        loaded again, only deleted when retention says (a name without a time is loaded: it may be anything)."""
+        """On the first listing: what this shard's mark says was loaded before a restart is not loaded again,
+        only deleted when retention says (a name without a time is loaded: it may be anything)."""
         try:
             mark = read_loader_mark(self.store, loader_mark_key(shard, *self.split))
         except (StoreError, FormatError) as e:
@@ -225,7 +232,9 @@ class ExperienceLoader:
             mark = None
         if mark is None:
             return keys
-        done = sorted((ms, k) for k in keys if (ms := parse_experience_ms(k)) is not None and ms < mark)
+        through_ms, loaded = mark
+        done = sorted((ms, k) for k in keys if (ms := parse_experience_ms(k)) is not None
+                      and (ms < through_ms or k in loaded))
         for ms, key in done:
             self._seen.add(key)
             self._done_at.append((ms / 1000, key))

@@ -10,7 +10,7 @@ The roles share no memory and no sockets; everything between them goes through t
                    checkpoints/<version:012d>.rck, checkpoints/LATEST   (optimizer rank 0; --resume)
     finished games ride inside experience objects; each rank tallies its share, rank 0 folds the pooled counts
     optimizer rank 0 ──put_if_absent──▶ layout.json (how many experience shards the run has; read by workers)
-    optimizer ranks ──put──▶ loader/s<shard>-<i>of<n>.json (loaded through this time: a restart skips the rest)
+    optimizer ranks ──put──▶ loader/s<shard>-<i>of<n>.json (what is loaded: a restarted rank skips it)
     optimizer rank 0, evaluator, `rapid league` ──▶ league/pool.json (pointer copy of the newest revision)
                                                     league/pool/<revision:012d>.json (put_if_absent: the lock)
                                                     league/snapshots/<member>.rpm (immutable copies of params)
@@ -95,23 +95,26 @@ def loader_mark_key(shard: int, index: int = 0, count: int = 1) -> str:
     return f"{LOADER_MARKS_PREFIX}s{int(shard):04d}-{index}of{count}.json"
 
 
-def read_loader_mark(store: Store, key: str) -> int | None:
-    """The time (ms) before which the shard's objects were all loaded; None if unknown, FormatError if garbled."""
+def read_loader_mark(store: Store, key: str) -> tuple[int, set[str]] | None:
+    """(t, keys): every object of the shard named before t (ms) was loaded, and so were ``keys`` named after
+    it; None if there is no mark, FormatError if it is garbled."""
     try:
-        raw = store.get(key, max_bytes=4096)
+        raw = store.get(key, max_bytes=1 << 20)
     except KeyNotFound:
         return None
     try:
-        mark = load_json(raw).get("loaded_through_ms")
+        doc = load_json(raw)
+        mark, loaded = doc.get("loaded_through_ms"), doc.get("loaded_after", [])
     except (ValueError, UnicodeDecodeError, AttributeError):
-        mark = None
-    if not isinstance(mark, int) or isinstance(mark, bool) or mark < 0:
+        mark, loaded = None, None
+    if (not isinstance(mark, int) or isinstance(mark, bool) or mark < 0 or not isinstance(loaded, list)
+            or not all(isinstance(k, str) for k in loaded)):
         raise FormatError(f"{key} is not a loader mark")
-    return mark
+    return mark, set(loaded)
 
 
-def write_loader_mark(store: Store, key: str, through_ms: int) -> None:
-    store.put(key, json.dumps({"loaded_through_ms": int(through_ms)}).encode())
+def write_loader_mark(store: Store, key: str, through_ms: int, loaded_after: list[str]) -> None:
+    store.put(key, json.dumps({"loaded_through_ms": int(through_ms), "loaded_after": sorted(loaded_after)}).encode())
 
 
 def shard_of(name: str, shards: int) -> int:

@@ -312,3 +312,15 @@ def test_no_note_while_a_download_failed(tmp_path):
     loader = loader_on(store, mark_s=0.001)
     time.sleep(0.01)
     assert loader.poll_once() == 0 and store.list("loader/") == []  # the object is retried, not noted as done
+
+
+def test_after_a_clean_stop_a_restart_loads_nothing_twice(tmp_path):
+    store = LocalStore(tmp_path)
+    recent = [put(store, 0, time.time() - 5 + i, i) for i in range(4)]  # inside the lookback: not past the cursor
+    first = loader_on(store, mark_s=3600.0)
+    assert first.poll_once() == 4
+    first.start()
+    first.stop()  # a clean stop notes the keys loaded since the cursor too
+    later = put(store, 0, time.time(), 9)
+    second = loader_on(store, mark_s=3600.0)
+    assert second.poll_once() == 1 and later in second._seen and set(recent) <= second._seen
