@@ -127,7 +127,10 @@ class ModelStore(Store):
         self._data: dict[str, bytes] = {}
         self._keys: list[str] = []  # sorted: LIST is a bisect and a slice
         self._hidden: dict[str, float] = {}  # key → when its PUT completes (invisible until then)
-        self._window: dict[tuple[str, str], list] = {}  # (prefix, read|write) → [second, requests]
+        # (prefix, read|write, second) → requests admitted: actors' steps interleave seconds, so every second
+        # keeps its own count
+        self._window: collections.Counter = collections.Counter()
+        self._next_prune = 0
 
     # -- the S3 behaviour -----------------------------------------------------------------------------
 
@@ -136,13 +139,15 @@ class ModelStore(Store):
         prefix = key.rsplit("/", 1)[0] if "/" in key else ""
         kind = "write" if op in WRITES else "read"
         limit = self.write_limit if kind == "write" else self.read_limit
+        now = math.floor(self.clock.t())
+        if now >= self._next_prune:  # seconds long past: steps run within seconds of each other
+            for old in [k for k in self._window if k[2] < now - 60]:
+                del self._window[old]
+            self._next_prune = now + 60
         for attempt in range(1, self.attempts + 1):
-            second = math.floor(self.clock.t())
-            slot = self._window.setdefault((prefix, kind), [second, 0])
-            if slot[0] != second:
-                slot[0], slot[1] = second, 0
-            if slot[1] < limit:
-                slot[1] += 1
+            slot = (prefix, kind, math.floor(self.clock.t()))
+            if self._window[slot] < limit:
+                self._window[slot] += 1
                 return
             self.meter.throttled[family(key)] += 1
             self.meter.count(op, key)  # a refused request is still a request (and billed)
