@@ -45,8 +45,10 @@ sys.path.append(str(Path(__file__).resolve().parent.parent))  # tests.s3_server 
 
 from fleet import clock as sim_clock  # noqa: E402
 from fleet.plane import detect  # noqa: E402
+from fleet.rank0 import PARAM_TENSORS  # noqa: E402
 from fleet.report import figures, print_report  # noqa: E402
-from fleet.sim import PARAM_TENSORS, Fleet, OutOfTime, Settings, sample_arrays  # noqa: E402
+from fleet.sched import OutOfTime  # noqa: E402
+from fleet.sim import Fleet, Settings, sample_arrays  # noqa: E402
 from fleet.store import FAMILIES, OPS, Latency, Meter, MeteredS3, ModelStore  # noqa: E402
 
 import rapid  # noqa: E402

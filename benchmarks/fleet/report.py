@@ -94,7 +94,8 @@ def figures(fleet, live_half: dict, live_end: dict) -> dict:
         "poll_s_p50": pct(fleet.poll_s, 50), "poll_s_p99": pct(fleet.poll_s, 99),
         "hot_key": hot_key, "hot_key_gets_per_s": hot_gets / reached,
         "throttled": dict(m.throttled), "slowdown_raised": dict(m.failed),
-        "list_failures": fleet.list_failures, "restarts": fleet.restarts, "churned": fleet.churned,
+        "list_failures": fleet.list_failures, "snapshot_failures": fleet.snapshot_failures,
+        "restarts": fleet.restarts, "churned": fleet.churned,
     }
 
 
@@ -131,6 +132,7 @@ def print_report(fig: dict, out=print) -> None:
         ("hottest key, GETs/s", f"{fig['hot_key']} {fig['hot_key_gets_per_s']:.1f}"),
         ("SlowDown answers (retried) / raised", f"{fig['throttled'] or 0} / {fig['slowdown_raised'] or 0}"),
         ("loader polls failed (store error)", fig["list_failures"]),
+        ("snapshot downloads failed (workers played the latest instead)", fig["snapshot_failures"]),
     ]
     if fig["restarts"] or fig["churned"]:
         pairs.append(("optimizer restarts / workers replaced", f"{fig['restarts']} / {fig['churned']}"))

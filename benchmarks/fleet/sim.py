@@ -5,25 +5,17 @@ No threads are started for the fleet. Every actor is a generator that does one s
 yields the simulated time it wants to run again; :class:`Scheduler` runs the actors in order of that time.
 A step is atomic: it sees the store as it is at the step's start, and its requests' modelled latency moves
 its own clock (so a poll of 490 LIST pages ends ~49 s after it started and the rank polls again ``poll_s``
-later, as the loader thread does).
-
-Rank 0's ``BackgroundWriter`` is modelled by :class:`SimWriter` with the same discipline (one job running,
-at most one waiting, ``submit`` waits while one waits, ``try_submit`` skips when anything is pending): the
-real class runs jobs on a thread of its own, which a single-threaded simulation cannot pause. The jobs it
-runs are the real ones (``rapid.roles.optimizer._publish``, ``LeagueKeeper.fold_if_due``, checkpoints).
+later, as the loader thread does, or after ``next_wait()`` where the loader has one). The update loop and
+rank 0's writer are in ``rank0.py``.
 """
 
 from __future__ import annotations
 
-import collections
-import heapq
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from rapid.checkpoints import save_checkpoint
-from rapid.formats.checkpoint import Checkpoint
 from rapid.formats.experience import Shape
 from rapid.infra.store import StoreError
 from rapid.league import League, OpponentSampler
@@ -35,10 +27,11 @@ from rapid.rollout_worker import Segment
 from rapid.store_map import POOL_POINTER
 
 from .plane import QUIET
+from .rank0 import Optimizer
+from .sched import Actor, OutOfTime, Scheduler
 
 SHAPE = Shape(bptt=16, obs_dim=8, mask_dim=4, heads=1, lstm=8)
 """A small sample (~1 KB encoded): object sizes are scaled up to the target in the latency model."""
-PARAM_TENSORS = {"w": np.zeros(1024, np.float32)}
 
 
 def sample_arrays(n: int) -> dict[str, np.ndarray]:
@@ -76,112 +69,6 @@ class Settings:
     restart_at: float = 0.0  # fault: the optimizer job restarts (--resume) at this simulated second
     restart_down_s: float = 30.0
     shards: int = 0  # experience shards of the sharded plane (0: one per rank, as store.experience_shards)
-
-
-class OutOfTime(Exception):
-    def __init__(self, at: float):
-        super().__init__(f"stopped at simulated second {at:.0f}")
-        self.at = at
-
-
-class Actor:
-    def __init__(self, name: str, gen, skew: float = 0.0):
-        self.name, self.gen, self.skew, self.dead = name, gen, skew, False
-
-
-class Scheduler:
-    def __init__(self, clock):
-        self.clock = clock
-        self._heap: list = []
-        self._seq = 0
-        self._parked: set[Actor] = set()
-        self.steps = 0
-
-    def start(self, actor: Actor, at: float) -> Actor:
-        self._push(actor, at)
-        return actor
-
-    def _push(self, actor: Actor, at: float) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (at, self._seq, actor))
-
-    def wake(self, actor: Actor, at: float) -> None:
-        if actor in self._parked:
-            self._parked.discard(actor)
-            self._push(actor, at)
-
-    def run(self, until: float, tick=None) -> None:
-        while self._heap and self._heap[0][0] <= until:
-            at, _, actor = heapq.heappop(self._heap)
-            if actor.dead:
-                continue
-            with self.clock.acting(actor, at, actor.skew):
-                try:
-                    wake = next(actor.gen)
-                except StopIteration:
-                    actor.dead = True
-                    continue
-            self.steps += 1
-            if wake is None:
-                self._parked.add(actor)
-            else:
-                self._push(actor, max(wake, at))
-            if tick is not None:
-                tick(at)
-
-
-class SimStop:
-    """The optimizer's StopFlag as ``_until_stored`` uses it: never set; a wait between retries is simulated."""
-
-    def __init__(self, clock):
-        self.clock = clock
-
-    def __bool__(self) -> bool:
-        return False
-
-    def wait(self, seconds: float) -> None:
-        self.clock.charge(seconds)
-
-
-class SimWriter:
-    """Rank 0's BackgroundWriter, in simulated time (see the module docstring)."""
-
-    def __init__(self, fleet):
-        self.fleet, self.clock = fleet, fleet.clock
-        self.waiting = None
-        self.busy_until = 0.0
-        self.jobs: collections.Counter = collections.Counter()
-        self.job_s: dict[str, float] = collections.defaultdict(float)
-        self.actor = fleet.sched.start(Actor("writer", self._run()), 0.0)
-
-    def can_submit(self) -> bool:
-        return self.waiting is None
-
-    def submit(self, name: str, job) -> None:
-        assert self.waiting is None, "the update loop submits only when can_submit()"
-        self.waiting = (name, job)
-        self.fleet.sched.wake(self.actor, max(self.clock.t(), self.busy_until))
-
-    def try_submit(self, name: str, job) -> bool:
-        if self.waiting is not None or self.busy_until > self.clock.t():
-            return False
-        self.submit(name, job)
-        return True
-
-    def _run(self):
-        while True:
-            if self.waiting is None:
-                yield None
-                continue
-            (name, job), self.waiting = self.waiting, None
-            start = self.clock.t()
-            job()
-            self.busy_until = self.clock.t()
-            kind = name.split()[0]
-            self.jobs[kind] += 1
-            self.job_s[kind] = max(self.job_s[kind], self.busy_until - start)
-            self.fleet.plane.after_writer_job()
-            yield self.busy_until
 
 
 class Worker:
@@ -279,82 +166,6 @@ class Rank:
             yield fleet.clock.t() + fleet.plane.next_wait(self.loader)
 
 
-@dataclass
-class Figures:
-    staleness: collections.Counter = field(default_factory=collections.Counter)
-    update_wait_s: list = field(default_factory=list)
-    writer_wait_s: list = field(default_factory=list)
-    updates: int = 0
-
-
-class Optimizer:
-    """The ranks' update loop in lock step (sample → update → publish → league → checkpoint), rank 0's
-    writer jobs real, the learner a stand-in that takes ``update_s``."""
-
-    def __init__(self, fleet):
-        self.fleet = fleet
-        self.params = ParameterStore(fleet.store)
-        self.keeper = fleet.plane.keeper(fleet.store, fleet.s)
-        self.writer = SimWriter(fleet)
-        self.stop = SimStop(fleet.clock)
-        self.fig = Figures()
-        self.rng = np.random.default_rng(fleet.s.seed)
-        fleet.sched.start(Actor("optimizer", self._run()), 0.0)
-
-    def _until_writer_free(self):
-        t0 = self.fleet.clock.t()
-        while not self.writer.can_submit():
-            yield self.writer.busy_until + 1e-9
-        self.fig.writer_wait_s.append(self.fleet.clock.t() - t0)
-
-    def _run(self):
-        fleet, s, clock = self.fleet, self.fleet.s, self.fleet.clock
-        self.params.publish(0, PARAM_TENSORS, {"updates": 0})
-        last_publish, last_ckpt, restarted = clock.t(), 0, False
-        while True:
-            if s.restart_at and not restarted and clock.t() >= s.restart_at:
-                restarted = True
-                yield from self._restart()
-            t0 = clock.t()
-            while not all(r.batch is not None for r in fleet.ranks):
-                for r in fleet.ranks:
-                    if r.batch is None:
-                        r.batch = r.buffer.sample(fleet.batch, fleet.version, self.rng, s.max_reuse)
-                if not all(r.batch is not None for r in fleet.ranks):
-                    yield clock.t() + 0.1
-            self.fig.update_wait_s.append(clock.t() - t0)
-            for r in fleet.ranks:
-                self.fig.staleness.update(r.batch[1].tolist())
-                r.batch = None
-                r.loader.take_episodes()  # what OptimizerReport does with them each update
-            yield clock.t() + s.update_s  # the stand-in learner (the all-reduce included)
-            self.fig.updates += clock.t() <= s.sim_s
-            if clock.t() - last_publish >= s.publish_s:  # rank 0's clock decides; every rank agrees
-                fleet.version += 1
-                last_publish = clock.t()
-                yield from self._until_writer_free()
-                fleet.plane.publish(self.writer, self.params, self.keeper, PARAM_TENSORS, fleet.version,
-                                    self.fig.updates, self.stop, QUIET)
-                fleet.plane.after_publish(self)
-            fleet.plane.after_update(self)
-            if self.fig.updates - last_ckpt >= s.checkpoint_every:
-                last_ckpt = self.fig.updates
-                yield from self._until_writer_free()
-                ckpt = Checkpoint(fleet.version, self.fig.updates, PARAM_TENSORS, {"state": {}, "param_groups": []})
-                self.writer.submit(f"checkpoint v{ckpt.version}", lambda ckpt=ckpt: fleet.plane.until_stored(
-                    f"checkpoint v{ckpt.version}", lambda: save_checkpoint(fleet.store, ckpt, 2), self.stop, QUIET))
-
-    def _restart(self):
-        """The optimizer job stops and comes back with --resume: every rank's loader and buffer start afresh."""
-        fleet = self.fleet
-        for r in fleet.ranks:
-            r.actor.dead = True
-            r.batch = None
-        yield fleet.clock.t() + fleet.s.restart_down_s
-        fleet.ranks = [Rank(fleet, k, fleet.clock.t()) for k in range(fleet.s.ranks)]
-        fleet.restarts += 1
-
-
 class Fleet:
     def __init__(self, s: Settings, store, meter, clock, plane):
         self.s, self.store, self.meter, self.clock, self.plane = s, store, meter, clock, plane
@@ -386,6 +197,9 @@ class Fleet:
 
     def actor(self, name: str, gen) -> Actor:
         return Actor(name, gen)
+
+    def new_rank(self, rank: int, at: float) -> Rank:
+        return Rank(self, rank, at)
 
     def _churn(self):
         while True:
