@@ -128,6 +128,9 @@ class OptimizerConfig:
     """Checkpoint every this many updates (and at the end)."""
     keep_checkpoints: int = 3
     """Checkpoints kept in the store; older ones are deleted."""
+    keep_versions: int = 32
+    """Published parameter versions kept in the store; older ones are deleted after each publish (0: keep all).
+    Resume needs only checkpoints; league snapshots are copies."""
     poll_s: float = 0.5
     """Seconds between listings of new experience objects while they keep coming; with fewer objects the
     wait grows towards one object per listing, up to poll_max_s (listings are what S3 charges most)."""
@@ -429,6 +432,7 @@ def validate(cfg: Config) -> list[str]:
         e.append(f"optimizer.decode_workers must be -1 (auto), 0 or more (got {o.decode_workers})")
     _positive(e, "optimizer.checkpoint_every", o.checkpoint_every)
     _positive(e, "optimizer.keep_checkpoints", o.keep_checkpoints)
+    _positive(e, "optimizer.keep_versions", o.keep_versions, allow_zero=True)
     _positive(e, "optimizer.poll_s", o.poll_s)
     if o.poll_max_s < o.poll_s:
         e.append(f"optimizer.poll_max_s ({o.poll_max_s}) must be ≥ poll_s ({o.poll_s})")

@@ -38,6 +38,7 @@ class ParameterStore:
 
     def __init__(self, store: Store):
         self.store = store
+        self._pruned_below: int | None = None
 
     def publish(self, version: int, tensors: dict[str, np.ndarray], meta: dict | None = None) -> None:
         for name, value in tensors.items():  # readers would reject it: never publish it
@@ -70,3 +71,21 @@ class ParameterStore:
     def versions(self) -> list[int]:
         """Every published version, ascending; keys of any other shape under ``params/`` are ignored."""
         return sorted(v for v in map(parse_params_key, self.store.list(PARAMS_PREFIX)) if v is not None)
+
+    def prune(self, newest: int, keep: int) -> int:
+        """Delete versions older than the newest ``keep`` (0: keep all); returns how many. The first call lists
+        ``params/`` once (a resumed run's leftovers); later calls delete the one version that fell out of the
+        window, so a publish costs one DELETE, not a LIST. Resume needs only checkpoints and the newest
+        version; snapshots are copies; ``rapid eval --version N`` then reaches the newest ``keep``."""
+        if keep <= 0:
+            return 0
+        floor = newest - keep + 1
+        if self._pruned_below is None:
+            old = [v for v in self.versions() if v < floor]
+        else:
+            old = list(range(max(self._pruned_below, 0), floor))
+        for version in old:
+            self.store.delete(params_key(version))
+        self._pruned_below = max(floor, self._pruned_below or 0)
+        return len(old)
+

@@ -199,7 +199,8 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
                 if learner.updates > published_updates:  # so the final checkpoint holds a published version
                     version += 1
                     if lead:
-                        _publish(writer, params, league, policy.tensors(), version, learner.updates, stop, log)
+                        _publish(writer, params, league, policy.tensors(), version, learner.updates, stop, log,
+                                 o.keep_versions)
                     report.version(version)
                 _pool_games(loader, ctx, league, log)
                 break
@@ -232,7 +233,8 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
                 pos.version = version
                 last_publish, published_updates = time.monotonic(), learner.updates
                 if lead:
-                    _publish(writer, params, league, policy.tensors(), version, learner.updates, stop, log)
+                    _publish(writer, params, league, policy.tensors(), version, learner.updates, stop, log,
+                                 o.keep_versions)
                 report.version(version)
                 # 4. league: every rank's games since the last version, pooled; rank 0 folds them off this thread
                 _pool_games(loader, ctx, league, log)
@@ -287,12 +289,17 @@ def _balance_inputs(b) -> dict[str, int]:
 
 
 def _publish(writer: BackgroundWriter, params: ParameterStore, league, tensors, version: int, updates: int,
-             stop: StopFlag, log) -> None:
-    """Queue version ``version`` (a copy of the weights): the object, then LATEST, then the league snapshot."""
+             stop: StopFlag, log, keep: int) -> None:
+    """Queue version ``version`` (a copy of the weights): the object, then LATEST, then the league snapshot;
+    versions older than the newest ``keep`` are deleted (0: none)."""
     def job():
         _until_stored(f"publishing v{version}", lambda: params.publish(version, tensors, {"updates": updates}),
                       stop, log)
         league.after_publish(version, tensors)
+        try:
+            params.prune(version, keep)
+        except StoreError as e:  # an old version left behind costs storage, nothing else: the next prune retries
+            log.warning("old parameter versions not deleted yet: %s", e)
     writer.submit(f"publish v{version}", job)
 
 
