@@ -180,6 +180,11 @@ class LeagueConfig:
     """Scripted bots of the env that join the pool (e.g. ['random', 'lane'])."""
     refresh_s: float = 30.0
     """Seconds between pool re-reads in rollout workers."""
+    max_snapshots: int = 64
+    """Active snapshots in the pool; past it the lowest-quality unpinned one is retired (0: no limit)."""
+    keep_retired: int = 64
+    """Retired snapshots kept (listed, re-activatable); older ones leave the pool document and their weights
+    are deleted, so a long run's pool stops growing (-1: keep all)."""
 
 
 @dataclass
@@ -456,6 +461,9 @@ def validate(cfg: Config) -> list[str]:
         e.append(f"league.scheme must be 'openai_five' or 'pfsp' (got {lg.scheme!r})")
     _positive(e, "league.pfsp_power", lg.pfsp_power, allow_zero=True)
     _positive(e, "league.refresh_s", lg.refresh_s)
+    _positive(e, "league.max_snapshots", lg.max_snapshots, allow_zero=True)
+    if lg.keep_retired < -1:
+        e.append(f"league.keep_retired must be -1 (keep all), 0 or more (got {lg.keep_retired})")
     for bot in lg.bots:
         if not BOT_NAME.fullmatch(bot.removeprefix("bot:")):
             e.append(f"league.bots: {bot!r} is not a bot name (A-Z a-z 0-9 . _ -, e.g. 'random')")

@@ -62,6 +62,7 @@ from rapid.league.state import (
     add_member,
     check_member_id,
     dump_pool,
+    forget_retired,
     joining_quality,
     load_pool,
     retire_overflow,
@@ -196,6 +197,22 @@ class League:
             return retire_overflow(state, max_snapshots)
 
         return self.update(join).members[member_id]
+
+    def forget_retired(self, keep_retired: int, keep_ratings: int = 1_000) -> list[str]:
+        """Commit the pool without its oldest retired snapshots beyond ``keep_retired`` (``state.forget_retired``),
+        then delete their snapshot objects (in that order: a crash leaves an unreferenced object, never a member
+        without weights). Returns the forgotten ids."""
+        dropped: list[str] = []
+
+        def forget(state: PoolState) -> PoolState:
+            state, ids = forget_retired(state, keep_retired, keep_ratings)
+            dropped[:] = ids  # the last run of this function is the one committed
+            return state
+
+        self.update(forget)
+        for member_id in dropped:
+            self.store.delete(snapshot_key(member_id))
+        return list(dropped)
 
     def is_learner_version(self, member_id: str, obj: ParamsObject) -> bool:
         """True when ``member_id`` is ``v<N>`` and ``obj`` holds the weights this run published as version N."""

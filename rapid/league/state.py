@@ -16,7 +16,7 @@ from rapid.store_map import load_json
 
 POOL_FORMAT = "rapid.league_pool"
 POOL_SCHEMA = 1
-HISTORY_LIMIT = 20_000
+HISTORY_LIMIT = 5_000
 
 """Rating history points kept in the pool document; the oldest go first so the document stays small."""
 
@@ -178,6 +178,25 @@ def retire_overflow(state: PoolState, max_snapshots: int | None) -> PoolState:
     for m in candidates[:max(0, len(state.snapshots()) - max_snapshots)]:
         m.retired = True
     return state
+
+
+def forget_retired(state: PoolState, keep_retired: int, keep_ratings: int) -> tuple[PoolState, list[str]]:
+    """The pool without its oldest retired, unpinned snapshots beyond ``keep_retired`` (their ratings go too),
+    and without ratings of non-members beyond the newest ``keep_ratings`` ids: a long run's pool document
+    stops growing. Returns the forgotten member ids (their snapshot objects can go once this is committed)."""
+    state = state.clone()
+    retired = sorted((m for m in state.members.values() if m.kind == "snapshot" and m.retired and not m.pinned),
+                     key=lambda m: m.added_at)
+    forgotten = [m.id for m in retired[:max(0, len(retired) - keep_retired)]]
+    for member_id in forgotten:
+        del state.members[member_id]
+        state.ratings.pop(member_id, None)
+    others = sorted(k for k in state.ratings if k not in state.members)  # v… ids sort by version
+    for rating_id in others[:max(0, len(others) - keep_ratings)]:
+        del state.ratings[rating_id]
+    gone = set(forgotten)
+    state.history = [p for p in state.history if p.id not in gone]
+    return state, forgotten
 
 
 # --- the document -----------------------------------------------------------------------------------

@@ -93,9 +93,12 @@ class LeagueKeeper:
                 return
 
     def _add_snapshot(self, snapshot: ParamsObject) -> None:
+        lg = self.cfg.league
         try:
-            self.league.add_snapshot(snapshot)
+            self.league.add_snapshot(snapshot, max_snapshots=lg.max_snapshots or None)
             self.log.info("snapshot of v%d joined the pool", snapshot.version)
+            if lg.keep_retired >= 0:
+                self.league.forget_retired(lg.keep_retired)
         except LEAGUE_ERRORS as e:
             self.log.warning("snapshot of v%d not added: %s", snapshot.version, e)
 
