@@ -20,6 +20,7 @@ Two workarounds, both because the fleet runs in one thread in simulated time:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from concurrent.futures import Future
@@ -100,9 +101,11 @@ class ShardedPlane:
         from rapid.store_map import read_layout, write_layout
 
         self._keeper, self._pool_games, self._tally, self.retry_s = LeagueKeeper, _pool_games, Tally, RETRY_S
-        self.publish, self.until_stored = _publish, _until_stored
-        self._read_layout, self._write_layout = read_layout, write_layout
         self.cfg = OptimizerConfig()
+        # Old versions pruned after each publish (optimizer.keep_versions), where the code does it.
+        keep = {"keep": self.cfg.keep_versions} if "keep" in inspect.signature(_publish).parameters else {}
+        self.publish, self.until_stored = functools.partial(_publish, **keep), _until_stored
+        self._read_layout, self._write_layout = read_layout, write_layout
 
     def start(self, fleet) -> None:
         """The optimizer writes the layout before its first version (workers wait for that version)."""
