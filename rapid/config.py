@@ -93,6 +93,9 @@ class RolloutConfig:
     """Megabytes of encoded experience held while the store is unreachable; the oldest go past this."""
     worker_id: str = ""
     """Worker name in keys and metrics (empty: from MPI rank or 'w<pid>')."""
+    node_cache_dir: str = ""
+    """Folder the rollout processes of a node share, so a version, a snapshot or the pool is fetched once per
+    node ('': <run dir>/node-cache; 'off': every process reads the store itself)."""
     torch_threads: int = 1
     """Torch CPU threads of a rollout worker (workers scale by process, not by thread)."""
 

@@ -40,6 +40,7 @@ import hashlib
 import json
 import math
 import re
+import uuid
 
 from rapid.errors import FormatError
 from rapid.infra.store import KeyNotFound, Store, validate_key
@@ -250,28 +251,43 @@ def read_version_pointer(store: Store, key: str) -> int | None:
 
 
 LAYOUT_FORMAT = "rapid.layout"
+_RUN_ID = re.compile(r"[0-9a-f]{0,32}", re.ASCII)
 
 
 def write_layout(store: Store, shards: int) -> int:
-    """Record the run's experience shard count once (the first writer wins); returns the count in force."""
-    doc = {"format": LAYOUT_FORMAT, "version": 1, "experience_shards": int(shards)}
+    """Record the run's experience shard count and a run id once (the first writer wins); returns the count in
+    force."""
+    doc = {"format": LAYOUT_FORMAT, "version": 1, "experience_shards": int(shards), "run_id": uuid.uuid4().hex}
     if store.put_if_absent(LAYOUT, json.dumps(doc).encode()):
         return int(shards)
     found = read_layout(store)
     return int(shards) if found is None else found
 
 
-def read_layout(store: Store) -> int | None:
-    """The run's experience shard count; None before the optimizer wrote it, FormatError for garbage."""
+def _layout(store: Store) -> dict | None:
     try:
         raw = store.get(LAYOUT, max_bytes=4096)
     except KeyNotFound:
         return None
     try:
         doc = load_json(raw)
-        shards = doc["experience_shards"] if isinstance(doc, dict) and doc.get("format") == LAYOUT_FORMAT else None
     except (ValueError, UnicodeDecodeError):
-        shards = None
-    if not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= MAX_SHARDS:
+        doc = None
+    shards = doc.get("experience_shards") if isinstance(doc, dict) and doc.get("format") == LAYOUT_FORMAT else None
+    run_id = doc.get("run_id", "") if isinstance(doc, dict) else None
+    if (not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= MAX_SHARDS
+            or not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id)):
         raise FormatError(f"{LAYOUT} is not a rapid layout document")
-    return shards
+    return doc
+
+
+def read_layout(store: Store) -> int | None:
+    """The run's experience shard count; None before the optimizer wrote it, FormatError for garbage."""
+    doc = _layout(store)
+    return None if doc is None else doc["experience_shards"]
+
+
+def read_run_id(store: Store) -> str | None:
+    """The run's id (a fresh one for every run, even in a reused store); None without one."""
+    doc = _layout(store)
+    return (doc.get("run_id") or None) if doc else None

@@ -7,6 +7,7 @@ config (``rollout.worker_id``), else the MPI rank when started by mpiexec, else 
 from __future__ import annotations
 
 import os
+import random
 import threading
 import time
 
@@ -18,11 +19,12 @@ from rapid.errors import FormatError
 from rapid.infra.store import BadObject, KeyNotFound, StoreError
 from rapid.league import League
 from rapid.monitoring.metrics import RolloutMetrics
+from rapid.node_cache import rollout_store
 from rapid.opponents import LeagueOpponents
 from rapid.param_store import ParameterStore
 from rapid.roles.startup import StopFlag, build_policy, open_run_store, setup_logging, start_metrics
 from rapid.rollout_worker import RolloutSettings, RolloutWorker
-from rapid.store_map import read_layout
+from rapid.store_map import read_layout, read_run_id
 from rapid.uploader import Uploader
 
 
@@ -40,19 +42,27 @@ def _wait_for_first_params(poller: ParamPoller, stop: StopFlag, log) -> tuple[in
     return None
 
 
-def _experience_shards(store, stop: StopFlag, log) -> int:
-    """The run's shard count (``layout.json``, written by the optimizer before its first version). A run
-    of an older rapid has none: its optimizer reads one shard."""
-    while True:
+def _run_layout(store, stop: StopFlag, log) -> tuple[int, str | None] | None:
+    """The run's shard count and id (``layout.json``, written by the optimizer before its first version); None
+    if stopped first. A run of an older rapid has no layout once it has versions: one shard, no id."""
+    started, warned = time.monotonic(), False
+    while not stop:
         try:
-            return read_layout(store) or 1
+            shards = read_layout(store)
+            if shards is not None:
+                return shards, read_run_id(store)
+            if ParameterStore(store).latest_version() is not None:
+                return 1, None
         except StoreError as e:
             log.warning("cannot read the run's layout yet: %s", e)
         except FormatError as e:
             log.warning("%s; writing to one shard", e)
-            return 1
-        if stop.wait(1.0):
-            return 1
+            return 1, None
+        if not warned and time.monotonic() - started > 2.0:
+            log.info("waiting for the optimizer to start the run…")
+            warned = True
+        stop.wait(1.0)
+    return None
 
 
 def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = None, rank: int = 0,
@@ -63,10 +73,17 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
     torch.manual_seed(seed)
     metrics = start_metrics(RolloutMetrics, cfg, rank, local_rank)
     store = open_run_store(cfg, metrics)
-    params = ParameterStore(store)
+    layout = _run_layout(store, stop, log)
+    if layout is None:
+        return 0
+    shards, run_id = layout
+    # Versions, snapshots and the pool are read through the node's cache: one fetch per node, not per process.
+    reads = rollout_store(store, cfg.derive().run_dir, run_id, cfg.rollout.node_cache_dir, cfg.rollout.param_poll_s,
+                          cfg.league.refresh_s)
+    params = ParameterStore(reads)
     env = make_env(cfg.env.name, num_games=cfg.env.num_games, seed=seed, options=cfg.env.options)
     policy = build_policy(cfg, env.spec)
-    opponents = LeagueOpponents(League(store), cfg, env, lambda: build_policy(cfg, env.spec))
+    opponents = LeagueOpponents(League(reads), cfg, env, lambda: build_policy(cfg, env.spec))
     worker = RolloutWorker(env, policy, RolloutSettings.of(cfg, env.spec), opponents, seed=seed)
 
     poller = ParamPoller(params, cfg.rollout.param_poll_s, log, on_failure=metrics.param_refresh_failed)
@@ -81,7 +98,7 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
     metrics.param_version(version)
     # Finished games travel inside the experience objects: the optimizer ranks tally them for the league.
     uploader = Uploader(store, worker_id, cfg.rollout.upload_interval_s, cfg.rollout.max_backlog,
-                        shards=_experience_shards(store, stop, log), max_backlog_bytes=cfg.rollout.max_backlog_mb << 20,
+                        shards=shards, max_backlog_bytes=cfg.rollout.max_backlog_mb << 20,
                         on_upload=metrics.samples_uploaded, on_failure=metrics.upload_failed,
                         on_drop=metrics.backlog_dropped)
     uploader.start()
@@ -190,7 +207,8 @@ class ParamPoller:
                 self.log.warning("no newer parameters for %.0fs although newer ones exist or cannot be looked "
                                  "up; still playing %s", behind,
                                  "nothing" if self._known is None else f"v{self._known}")
-            if self._stop.wait(self.interval_s if self._known is not None else min(self.interval_s, 1.0)):
+            wait = self.interval_s * random.uniform(0.8, 1.2)  # jittered: the processes of a fleet never poll in step
+            if self._stop.wait(wait if self._known is not None else min(wait, 1.0)):
                 return
 
     def poll_once(self) -> None:
