@@ -193,20 +193,24 @@ def cmd_role(args) -> int:
                 raise UsageError(f"--worker-id {worker!r}: use 1-64 of A-Z a-z 0-9 . _ -, not starting with . or -")
             # Pods and job-array tasks all have rank 0: their name must tell their games apart.
             seed = args.seed if args.seed is not None else rollout_seed(cfg.run.seed, worker, identity.rank)
-            digits = "".join(re.findall("[0-9]", worker))[-6:]
-            rank = identity.rank if identity.size > 1 else int(digits or 0)
+            # Without MPI the metrics rank comes from the name (a stable hash, not its digits: pods whose names
+            # share their digits must not write the same metrics target file).
+            from rapid.store_map import shard_of
+
+            rank = identity.rank if identity.size > 1 else shard_of(worker, 1 << 30)
             return run_rollout(cfg, worker, seed, rank=rank, local_rank=identity.local_rank)
         if args.command == "evaluator":
             from rapid.roles.evaluator import run_evaluator
 
             return run_evaluator(cfg)
-        from rapid.roles.optimizer import run_optimizer
+        from rapid.roles.optimizer import pick_device, run_optimizer
 
+        _, backend = pick_device(cfg, identity)  # refuses a node with more ranks than GPUs before any rendezvous
         if identity.size == 1:
             return run_optimizer(cfg, resume=args.resume, rank=identity)
         from rapid.infra.distributed import init_process_group
 
-        with init_process_group(identity) as ctx:
+        with init_process_group(identity, backend=backend) as ctx:
             return run_optimizer(cfg, resume=args.resume, rank=identity, ctx=ctx)
 
 
