@@ -146,27 +146,55 @@ def _rendezvous_address(identity: Identity) -> str:
     return MPI.COMM_WORLD.bcast(address, root=0)
 
 
+class LayoutError(ValueError):
+    """A device layout that cannot run (no CUDA, more ranks on a node than GPUs): a usage error, not a bug."""
+
+
+def choose_device_and_backend(wanted: str, local_rank: int, local_ranks: int, cuda_available: bool,
+                              gpu_count: int) -> tuple[str, str]:
+    """The device a rank trains on and the backend its collectives use, decided together from ``wanted``
+    (``optimizer.device``: auto, cuda or cpu) and the node's facts (passed in, so tests need no GPU).
+
+    The backend follows the device: NCCL only takes CUDA tensors, so a CPU learner on a GPU host uses gloo.
+    Each rank gets a GPU of its own; two ranks on one GPU make NCCL fail building its communicator, so a node
+    with more ranks than GPUs is refused rather than silently shared.
+
+    >>> choose_device_and_backend("auto", 1, 2, cuda_available=True, gpu_count=2)
+    ('cuda:1', 'nccl')
+    >>> choose_device_and_backend("cpu", 1, 2, cuda_available=True, gpu_count=2)
+    ('cpu', 'gloo')
+    """
+    if wanted == "cpu" or (wanted == "auto" and not (cuda_available and gpu_count > 0)):
+        return "cpu", "gloo"
+    if not cuda_available or gpu_count < 1:
+        raise LayoutError("optimizer.device='cuda' but CUDA is not available")
+    if local_ranks > gpu_count:
+        raise LayoutError(f"{local_ranks} optimizer ranks per node but {gpu_count} GPUs: start at most one rank "
+                          f"per GPU, or set optimizer.device = \"cpu\"")
+    return f"cuda:{local_rank}", "nccl"
+
+
 def init_process_group(identity: Identity | None = None, backend: str | None = None,
-                       timeout: float = 600.0) -> DistContext:
+                       timeout: float = 600.0, device: str = "auto") -> DistContext:
     """Start torch.distributed for ``identity`` (detected if None) and return its :class:`DistContext`.
 
-    Backend: ``nccl`` with device ``cuda:<local_rank>`` when CUDA is available, else ``gloo`` on CPU.
-    Under MPI the rendezvous address comes from rank 0; without MPI and more than one rank, torch's
-    ``env://`` method is used (``MASTER_ADDR``/``MASTER_PORT``).
+    Device and backend come from :func:`choose_device_and_backend` for ``device`` (``optimizer.device``); an
+    explicit ``backend`` (``nccl`` or ``gloo``) stands for device cuda or cpu. Under MPI the rendezvous address
+    comes from rank 0; without MPI and more than one rank, torch's ``env://`` method is used
+    (``MASTER_ADDR``/``MASTER_PORT``).
     """
     import torch
     import torch.distributed as dist
 
     identity = identity or detect_identity()
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        device = torch.device("cuda", identity.local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
+    wanted = {"nccl": "cuda", "gloo": "cpu"}.get(backend or "", device)
+    where, backend = choose_device_and_backend(wanted, identity.local_rank, identity.local_size,
+                                               torch.cuda.is_available(), torch.cuda.device_count())
+    place = torch.device(where)
+    if place.type == "cuda":
+        torch.cuda.set_device(place)
     if identity.size == 1:
-        return DistContext(identity, backend, device, initialized=False)
+        return DistContext(identity, backend, place, initialized=False)
     if identity.under_mpi:
         init_method = _rendezvous_address(identity)
     elif "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
@@ -180,7 +208,7 @@ def init_process_group(identity: Identity | None = None, backend: str | None = N
 
     dist.init_process_group(backend, init_method=init_method, rank=identity.rank, world_size=identity.size,
                             timeout=datetime.timedelta(seconds=timeout))
-    return DistContext(identity, backend, device, initialized=True)
+    return DistContext(identity, backend, place, initialized=True)
 
 
 def _buckets(tensors: list[torch.Tensor], bucket_bytes: int) -> Iterator[list[torch.Tensor]]:

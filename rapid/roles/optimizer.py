@@ -26,7 +26,7 @@ from rapid.decode_pool import auto_workers
 from rapid.errors import FormatError, UsageError
 from rapid.formats.checkpoint import Checkpoint
 from rapid.formats.experience import Shape
-from rapid.infra.distributed import ALONE, Identity
+from rapid.infra.distributed import ALONE, Identity, LayoutError, choose_device_and_backend
 from rapid.infra.store import StoreError
 from rapid.league import Tally
 from rapid.lease import RunLease
@@ -44,13 +44,14 @@ from rapid.store_map import EXPERIENCE_PREFIX, read_layout, write_layout
 MAX_FAILED_IN_ROW = 50  # a bad batch is skipped; this many in a row is a broken learner, not bad data
 
 
-def pick_device(cfg: Config, local_rank: int) -> torch.device:
-    wanted = cfg.optimizer.device
-    if wanted == "cuda" or (wanted == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise UsageError("optimizer.device='cuda' but CUDA is not available")
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    return torch.device("cpu")
+def pick_device(cfg: Config, rank: Identity) -> tuple[torch.device, str]:
+    """This rank's learner device and collective backend, one decision (see choose_device_and_backend)."""
+    try:
+        where, backend = choose_device_and_backend(cfg.optimizer.device, rank.local_rank, rank.local_size,
+                                                   torch.cuda.is_available(), torch.cuda.device_count())
+    except LayoutError as e:
+        raise UsageError(str(e)) from None
+    return torch.device(where), backend
 
 
 class Agreement:
@@ -118,7 +119,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
     params = ParameterStore(store)
     spec = env_spec(cfg)
     policy = build_policy(cfg, spec)
-    device = pick_device(cfg, rank.local_rank)
+    device, _ = pick_device(cfg, rank)
     precision = cfg.optimizer.precision
     bf16 = precision == "bf16" or (precision == "auto" and bf16_native(device))
     learner = Learner(policy, cfg.ppo, device, microbatch_samples=cfg.optimizer.microbatch_samples, bf16=bf16,

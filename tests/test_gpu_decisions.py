@@ -1,0 +1,55 @@
+"""GPU decisions taken without a GPU: the device facts (CUDA available, GPU count) are injected, so the logic
+that picks device, backend and precision flags is checked on CPU-only machines and CI."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rapid import cli
+from rapid.infra.distributed import Identity, LayoutError, choose_device_and_backend, init_process_group
+
+
+@pytest.mark.parametrize("wanted, local_rank, local_ranks, cuda, gpus, expected", [
+    ("cpu", 1, 2, True, 2, ("cpu", "gloo")),       # a CPU learner on a GPU host: gloo, NCCL takes no CPU tensors
+    ("auto", 1, 2, True, 2, ("cuda:1", "nccl")),
+    ("cuda", 3, 4, True, 8, ("cuda:3", "nccl")),
+    ("auto", 0, 4, False, 0, ("cpu", "gloo")),
+    ("auto", 0, 1, True, 0, ("cpu", "gloo")),      # a driver without devices counts as no CUDA
+])
+def test_backend_follows_the_device(wanted, local_rank, local_ranks, cuda, gpus, expected):
+    assert choose_device_and_backend(wanted, local_rank, local_ranks, cuda, gpus) == expected
+
+
+@pytest.mark.parametrize("wanted", ["auto", "cuda"])
+def test_more_ranks_per_node_than_gpus_is_refused(wanted):
+    with pytest.raises(LayoutError, match="3 optimizer ranks per node but 2 GPUs"):
+        choose_device_and_backend(wanted, 2, 3, cuda_available=True, gpu_count=2)
+
+
+def test_cuda_without_cuda_is_refused():
+    with pytest.raises(LayoutError, match="CUDA is not available"):
+        choose_device_and_backend("cuda", 0, 1, cuda_available=False, gpu_count=0)
+
+
+def fake_gpus(monkeypatch, count: int) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
+def test_cpu_learner_on_a_gpu_host_gets_gloo(monkeypatch):
+    fake_gpus(monkeypatch, 2)  # torch.cuda.set_device would raise here: only gloo can pass
+    with init_process_group(Identity(0, 1, 0, 1, "localhost"), device="cpu") as dist:
+        assert (dist.backend, dist.device) == ("gloo", torch.device("cpu"))
+
+
+def test_optimizer_refuses_two_ranks_on_one_gpu_in_one_line(monkeypatch, capsys):
+    fake_gpus(monkeypatch, 1)
+    for name, value in (("RAPID_RANK", "1"), ("RAPID_WORLD_SIZE", "2"), ("RAPID_LOCAL_RANK", "1"),
+                        ("RAPID_LOCAL_WORLD_SIZE", "2")):
+        monkeypatch.setenv(name, value)
+    code = cli.main(["optimizer", "--set", "optimizer.device=auto"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.strip().splitlines() == ["rapid: error: 2 optimizer ranks per node but 1 GPUs: start at most one "
+                                        "rank per GPU, or set optimizer.device = \"cpu\""]
