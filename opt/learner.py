@@ -61,6 +61,16 @@ def bf16_native(device: torch.device) -> bool:
     return False
 
 
+def indexed(device: torch.device | str) -> torch.device:
+    """``device`` with its index: ``cuda`` is ``cuda:<current device>``. Tensors always carry their index and
+    ``torch.device("cuda") != torch.device("cuda:0")``, so an index-less learner device would take its own
+    batches for foreign ones."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 class Learner:
     """``microbatch_samples``: gradient accumulation chunk (0: the whole batch at once); the gradient is the
     same either way. ``bf16``: forward and backward under bfloat16 autocast, on CUDA or CPU (faster where the
@@ -72,7 +82,7 @@ class Learner:
                  all_reduce: Callable[[list[torch.nn.Parameter]], None] | None = None,
                  all_reduce_scalars: Callable[[dict[str, float]], dict[str, float]] | None = None,
                  world_size: int = 1):
-        self.device = torch.device(device)
+        self.device = indexed(device)
         self.policy = policy.to(self.device)
         self.ppo = ppo
         self.microbatch_samples = microbatch_samples
@@ -99,7 +109,8 @@ class Learner:
         for key in STAGED:
             t = torch.as_tensor(batch[key])
             if t.device != self.device:
-                pin = self.device.type == "cuda" and not t.is_pinned()
+                # Only host memory can be pinned (pin_memory raises on a GPU tensor, e.g. one from another GPU).
+                pin = self.device.type == "cuda" and t.device.type == "cpu" and not t.is_pinned()
                 t = (t.pin_memory() if pin else t).to(self.device, non_blocking=self.device.type == "cuda")
             out[key] = t
         return out

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rapid.opt.config import PPOConfig
-from rapid.opt.learner import Learner, bf16_native
+from rapid.opt.learner import Learner, bf16_native, indexed
 from tests.learner_data import make_policy, played_batch
 from tests.test_distributed import mpiexec
 
@@ -234,3 +234,19 @@ def test_a_batch_staged_ahead_trains_as_the_arrays_do(device):
         assert sb[key] == pytest.approx(sa[key], rel=1e-6, abs=1e-9), key
     for k, v in a.policy.tensors().items():
         np.testing.assert_allclose(b.policy.tensors()[k], v, rtol=1e-6, atol=1e-7)
+
+
+def test_learner_device_carries_its_index(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)  # no GPU needed: the index is injected
+    assert indexed("cuda") == torch.device("cuda:1")
+    assert indexed(torch.device("cuda", 0)) == torch.device("cuda:0")
+    assert indexed("cpu") == torch.device("cpu")
+
+
+@pytest.mark.cuda
+def test_stage_keeps_a_batch_already_on_the_gpu():
+    learner = Learner(make_policy(), PPOConfig(), "cuda")
+    assert learner.device.index is not None
+    on_gpu = {k: torch.as_tensor(v).to(learner.device) for k, v in played_batch(make_policy(), seed=3).items()}
+    staged = learner.stage(on_gpu)
+    assert all(staged[k] is on_gpu[k] for k in staged)
