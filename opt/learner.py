@@ -61,6 +61,20 @@ def bf16_native(device: torch.device) -> bool:
     return False
 
 
+def precision_settings(precision: str, device: torch.device) -> tuple[bool, bool]:
+    """(bf16 autocast, TF32 allowed) for ``optimizer.precision`` on ``device``. TF32 follows bf16: in float32 the
+    learner's log-probs must match the CPU workers' to about 1e-5, and TF32 matmuls and convolutions (cuDNN's
+    default is on) would make that about 1e-3; under bf16 the agreement is 1e-2 anyway and TF32 is free speed."""
+    bf16 = precision == "bf16" or (precision == "auto" and bf16_native(device))
+    return bf16, bf16
+
+
+def allow_tf32(allowed: bool) -> None:
+    """Set both TF32 switches explicitly (process-wide): torch's defaults differ, matmul off and cuDNN on."""
+    torch.backends.cuda.matmul.allow_tf32 = allowed
+    torch.backends.cudnn.allow_tf32 = allowed
+
+
 def indexed(device: torch.device | str) -> torch.device:
     """``device`` with its index: ``cuda`` is ``cuda:<current device>``. Tensors always carry their index and
     ``torch.device("cuda") != torch.device("cuda:0")``, so an index-less learner device would take its own

@@ -8,6 +8,7 @@ import torch
 
 from rapid import cli
 from rapid.infra.distributed import Identity, LayoutError, choose_device_and_backend, init_process_group
+from rapid.opt.learner import allow_tf32, precision_settings
 
 
 @pytest.mark.parametrize("wanted, local_rank, local_ranks, cuda, gpus, expected", [
@@ -53,3 +54,29 @@ def test_optimizer_refuses_two_ranks_on_one_gpu_in_one_line(monkeypatch, capsys)
     assert code == 2, err
     assert err.strip().splitlines() == ["rapid: error: 2 optimizer ranks per node but 1 GPUs: start at most one "
                                         "rank per GPU, or set optimizer.device = \"cpu\""]
+
+
+@pytest.mark.parametrize("precision, capability, expected", [
+    ("fp32", (9, 0), (False, False)),   # fp32 means fp32: no TF32, though cuDNN would allow it by default
+    ("bf16", (7, 0), (True, True)),
+    ("auto", (8, 0), (True, True)),      # Ampere on: bf16 units
+    ("auto", (7, 5), (False, False)),
+])
+def test_tf32_follows_the_precision(monkeypatch, precision, capability, expected):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert precision_settings(precision, torch.device("cuda", 0)) == expected
+
+
+def tf32_switches() -> tuple[bool, bool]:
+    return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+
+
+def test_allow_tf32_sets_both_switches():
+    before = tf32_switches()
+    try:
+        allow_tf32(False)
+        assert tf32_switches() == (False, False)
+        allow_tf32(True)
+        assert tf32_switches() == (True, True)
+    finally:  # process-wide switches: other tests in this process keep theirs
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before

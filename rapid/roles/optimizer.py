@@ -33,7 +33,7 @@ from rapid.lease import RunLease
 from rapid.loader import ExperienceLoader
 from rapid.monitoring.metrics import OptimizerMetrics
 from rapid.opt.buffer import ExperienceBuffer
-from rapid.opt.learner import Learner, bf16_native
+from rapid.opt.learner import Learner, allow_tf32, precision_settings
 from rapid.param_store import ParameterStore
 from rapid.publisher import BackgroundWriter
 from rapid.roles.league_keeper import LeagueKeeper
@@ -121,7 +121,8 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
     policy = build_policy(cfg, spec)
     device, _ = pick_device(cfg, rank)
     precision = cfg.optimizer.precision
-    bf16 = precision == "bf16" or (precision == "auto" and bf16_native(device))
+    bf16, tf32 = precision_settings(precision, device)
+    allow_tf32(tf32)
     learner = Learner(policy, cfg.ppo, device, microbatch_samples=cfg.optimizer.microbatch_samples, bf16=bf16,
                       all_reduce=ctx.all_reduce_gradients if ctx else None,
                       all_reduce_scalars=ctx.all_reduce_scalars if ctx else None, world_size=rank.size)
