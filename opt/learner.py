@@ -85,6 +85,28 @@ def indexed(device: torch.device | str) -> torch.device:
     return device
 
 
+class PhaseClock:
+    """Phase durations of one update. CUDA kernels launch asynchronously, so a host clock would read launch
+    times there (forward and backward ~0, the GPU time landing wherever the host next waits): on CUDA the marks
+    are events on the stream, read after the update's last sync. On the CPU they are ``perf_counter`` readings."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self) -> float | torch.cuda.Event:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, spans: list[tuple[float | torch.cuda.Event, float | torch.cuda.Event]]) -> float:
+        if not self.cuda:
+            return sum(b - a for a, b in spans)
+        spans[-1][1].synchronize()  # elapsed_time needs completed events; free after the update's own sync
+        return sum(a.elapsed_time(b) for a, b in spans) / 1000.0  # elapsed_time is in milliseconds
+
+
 class Learner:
     """``microbatch_samples``: gradient accumulation chunk (0: the whole batch at once); the gradient is the
     same either way. ``bf16``: forward and backward under bfloat16 autocast, on CUDA or CPU (faster where the
@@ -178,10 +200,11 @@ class Learner:
         self.adam.zero_grad(set_to_none=True)
         diag = torch.zeros(len(DIAGNOSTICS), device=self.device)
         values = []
-        t_forward = t_backward = 0.0
+        clock = PhaseClock(self.device)
+        forward, backward = [], []
         for start, part_runs in zip(range(0, S, chunk), runs):
             part = slice(start, start + chunk)
-            ta = time.perf_counter()
+            ta = clock.mark()
             with autocast:
                 logp, entropy, value = policy.evaluate(b["obs"][part], b["mask"][part], b["actions"][part],
                                                        b["h0"][part], b["c0"][part], b["first"][part], part_runs)
@@ -190,17 +213,16 @@ class Learner:
             vl = losses.value_loss(value, b["returns"][part] / scale, own[part], own_total,
                                    old=b["values"][part] / scale, clip=s.value_clip)
             ent = losses.masked_mean(entropy, w, total)
-            tb = time.perf_counter()
+            tb = clock.mark()
             (pg + s.value_coef * vl - ent_coef * ent).backward()
-            t_forward += tb - ta
-            t_backward += time.perf_counter() - tb
+            forward.append((ta, tb))
+            backward.append((tb, clock.mark()))
             diag += torch.stack([pg, vl, ent, kl["approx_kl"], kl["clip_fraction"]]).detach()
             values.append(value.detach())
-        ta = time.perf_counter()
+        ta = clock.mark()
         if self.all_reduce is not None:
             self.all_reduce(self.params)
-        t_allreduce = time.perf_counter() - ta
-        ta = time.perf_counter()
+        tb = clock.mark()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, s.max_grad_norm)
         count, mean, m2 = losses.moments_of_sums(obs_sums, norm.mean)
         new_norm = norm.merged(mean, m2 / count.clamp(min=1e-12), count * self.world_size)
@@ -222,9 +244,11 @@ class Learner:
         ev = losses.explained_variance(torch.cat(values) * scale, b["returns"], own)
         figures = torch.cat([diag, grad_norm.reshape(1).float(), ev.reshape(1).float()]).tolist()
         stats = dict(zip((*DIAGNOSTICS, "grad_norm", "explained_variance"), figures))
+        end = clock.mark()
         return {**stats, "entropy_coef": ent_coef, "lr": lr, "skipped": float(not finite),
-                "update_s": time.perf_counter() - t0, "forward_s": t_forward, "backward_s": t_backward,
-                "allreduce_s": t_allreduce, "step_s": time.perf_counter() - ta}
+                "update_s": time.perf_counter() - t0, "forward_s": clock.seconds(forward),
+                "backward_s": clock.seconds(backward), "allreduce_s": clock.seconds([(ta, tb)]),
+                "step_s": clock.seconds([(tb, end)])}
 
     @torch.no_grad()
     def _move_normalizers(self, new_norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
