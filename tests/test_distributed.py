@@ -1,4 +1,4 @@
-"""MPI + torch.distributed setup, with the venv's real ``mpiexec`` (pip's MPICH) and gloo on CPU."""
+"""MPI + torch.distributed setup, with the venv's real ``mpiexec`` (pip's MPICH) and gloo on CPU (NCCL where 2 GPUs)."""
 
 from __future__ import annotations
 
@@ -25,15 +25,32 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
 
 
-def mpiexec(n: int, script: str, timeout: float) -> subprocess.CompletedProcess:
+# A pretend GPU host: torch reports CUDA and N GPUs while every real CUDA call still fails, so a rank that left
+# its backend to the defaults would pick NCCL and die; one that names gloo runs as on a CPU host.
+_FAKE_GPUS = ("import runpy, sys, torch; torch.cuda.is_available = lambda: True; "
+              "torch.cuda.device_count = lambda: {gpus}; sys.argv = sys.argv[1:]; "
+              "runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+def mpiexec(n: int, script: str, timeout: float, *args: str, fake_gpus: int = 0) -> subprocess.CompletedProcess:
     assert MPIEXEC.exists(), f"no mpiexec next to {sys.executable}: pip install mpich"
-    return subprocess.run([str(MPIEXEC), "-n", str(n), sys.executable, str(SCRIPTS / script)],
+    python = [sys.executable, "-c", _FAKE_GPUS.format(gpus=fake_gpus)] if fake_gpus else [sys.executable]
+    return subprocess.run([str(MPIEXEC), "-n", str(n), *python, str(SCRIPTS / script), *args],
                           capture_output=True, text=True, timeout=timeout, env=clean_env())
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_ranks_end_with_bit_identical_parameters(ranks):
-    result = mpiexec(ranks, "sgd_ranks.py", timeout=120)
+@pytest.mark.parametrize("ranks, fake_gpus", [(2, 0), (4, 0), (2, 2)])
+def test_ranks_end_with_bit_identical_parameters(ranks, fake_gpus):
+    result = mpiexec(ranks, "sgd_ranks.py", 120, fake_gpus=fake_gpus)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("OK "), result.stdout + result.stderr[-2000:]
+
+
+@pytest.mark.cuda
+def test_nccl_ranks_end_with_bit_identical_parameters():
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"NCCL between ranks needs a GPU per rank: 2 ranks, {torch.cuda.device_count()} GPU")
+    result = mpiexec(2, "sgd_ranks.py", 120, "nccl")
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("OK "), result.stdout + result.stderr[-2000:]
 
@@ -99,7 +116,7 @@ def test_identity_from_environment(monkeypatch):
 
 def test_single_rank_collectives_are_no_ops():
     identity = Identity(0, 1, 0, 1, "localhost")
-    with init_process_group(identity) as dist:
+    with init_process_group(identity, backend="gloo") as dist:
         assert dist.backend == "gloo" and not torch.distributed.is_initialized()
         model = torch.nn.Linear(3, 2)
         model.weight.grad = torch.ones(2, 3)

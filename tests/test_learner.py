@@ -141,8 +141,9 @@ def test_value_clipping_changes_only_the_value_gradient():
 
 def test_observation_statistics_pooled_over_two_real_ranks():
     """Two ranks (real mpiexec, gloo) with data centred at 0 and 4: pooled count, mean and variance, and the
-    parameters of a single process that trained on both batches."""
-    result = mpiexec(2, "learner_ranks.py", timeout=180)
+    parameters of a single process that trained on both batches. On a pretend GPU host: a CPU learner's ranks
+    must use gloo there too."""
+    result = mpiexec(2, "learner_ranks.py", 180, fake_gpus=2)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("OK"), result.stdout + result.stderr[-3000:]
 

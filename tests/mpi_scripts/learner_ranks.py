@@ -26,7 +26,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     identity = detect_identity()
-    with abort_on_error(identity), init_process_group(identity, timeout=60) as dist:
+    with abort_on_error(identity), init_process_group(identity, backend="gloo", timeout=60) as dist:
         settings = PPOConfig(lr=1e-2)
         learner = Learner(make_policy(), settings, all_reduce=dist.all_reduce_gradients,
                           all_reduce_scalars=dist.all_reduce_scalars, world_size=dist.size)

@@ -52,8 +52,9 @@ def main(config_path: str) -> None:
     rapid.roles.optimizer.Learner = RecordingLearner
     identity = detect_identity()
     with abort_on_error(identity):
-        cfg = load_config(config_path)
-        with init_process_group(identity, timeout=120) as ctx:
+        # A CPU learner with gloo, named: on a GPU host the defaults would be a GPU learner with NCCL.
+        cfg = load_config(config_path, ["optimizer.device=cpu"])
+        with init_process_group(identity, backend="gloo", timeout=120) as ctx:
             assert ctx.backend == "gloo", ctx.backend
             stop = StopFlag(install_signals=False)
             code = rapid.roles.optimizer.run_optimizer(cfg, rank=identity, ctx=ctx, stop=stop)

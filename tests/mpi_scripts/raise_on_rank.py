@@ -12,7 +12,7 @@ from rapid.infra.distributed import abort_on_error, detect_identity, init_proces
 
 def main() -> None:
     identity = detect_identity()
-    with abort_on_error(identity), init_process_group(identity, timeout=120) as dist:
+    with abort_on_error(identity), init_process_group(identity, backend="gloo", timeout=120) as dist:
         if identity.rank == 1:
             raise ValueError("boom from the test\nsecond line")
         params = [torch.nn.Parameter(torch.ones(10))]

@@ -2,11 +2,13 @@
 bit-identical parameters, equal (to rounding) to one process training on the union of the batches.
 
 Rank 0 prints ``OK <sha256>`` when every check holds; any failure aborts the job with one line on stderr.
+Usage: ``mpiexec -n N python sgd_ranks.py [gloo|nccl]`` (gloo, on CPU, by default; nccl needs a GPU per rank).
 """
 
 from __future__ import annotations
 
 import hashlib
+import sys
 from pathlib import Path
 
 import torch
@@ -30,9 +32,9 @@ def make_model(seed: int) -> Net:
     return Net()
 
 
-def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(rank: int, step: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(BATCH, 8, generator=g), torch.randn(BATCH, 4, generator=g)
+    return torch.randn(BATCH, 8, generator=g).to(device), torch.randn(BATCH, 4, generator=g).to(device)
 
 
 def loss_of(model: Net, rank: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -46,7 +48,7 @@ def digest(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for name, p in sorted(model.state_dict().items()):
         h.update(name.encode())
-        h.update(p.detach().numpy().tobytes())
+        h.update(p.detach().cpu().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -54,24 +56,26 @@ def thread_names() -> list[str]:
     return [(task / "comm").read_text().strip() for task in Path("/proc/self/task").iterdir()]
 
 
-def main() -> None:
+def main(backend: str) -> None:
     identity = detect_identity()
     with abort_on_error(identity):
-        with init_process_group(identity, timeout=60) as dist:
-            assert identity.under_mpi and dist.backend == "gloo", (identity, dist.backend)
-            model = make_model(seed=identity.rank)  # different on every rank until the broadcast
+        with init_process_group(identity, backend=backend, timeout=60) as dist:
+            assert identity.under_mpi and dist.backend == backend, (identity, dist.backend)
+            device = dist.device
+            model = make_model(seed=identity.rank).to(device)  # different on every rank until the broadcast
             dist.broadcast_parameters(model)
-            reference = make_model(seed=0)
+            reference = make_model(seed=0).to(device)
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
             ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
             for step in range(STEPS):
                 opt.zero_grad(set_to_none=True)
-                loss_of(model, identity.rank, *batch(identity.rank, step)).backward()
+                loss_of(model, identity.rank, *batch(identity.rank, step, device)).backward()
                 dist.all_reduce_gradients(model.parameters())
                 opt.step()
                 # The reference sees every rank's batch: the mean of per-rank mean losses.
                 ref_opt.zero_grad(set_to_none=True)
-                ref_loss = sum(loss_of(reference, r, *batch(r, step)) for r in range(identity.size)) / identity.size
+                ranks = range(identity.size)
+                ref_loss = sum(loss_of(reference, r, *batch(r, step, device)) for r in ranks) / identity.size
                 ref_loss.backward()
                 ref_opt.step()
             for (name, p), q in zip(model.named_parameters(), reference.parameters()):
@@ -89,4 +93,4 @@ def main() -> None:
             print(f"OK {digests[0]}", flush=True)
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1] if len(sys.argv) > 1 else "gloo")
