@@ -195,9 +195,16 @@ class Policy(nn.Module):
         device = self.return_scale.device
         return torch.zeros(n, self.lstm_size, device=device), torch.zeros(n, self.lstm_size, device=device)
 
+    def _lstm(self, x: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor):
+        """The LSTM in float32, outside any autocast (the encoder and heads may run in bf16). Under bf16 autocast
+        cuDNN's fused LSTM is, by torch version, missing, replaced by a slow per-step loop or cast to fp16 with
+        no gradient scaler; and the recurrence would compound bf16 rounding over every step of a sequence."""
+        with torch.autocast(x.device.type, enabled=False):
+            return self.lstm(x.float(), (h0.float(), c0.float()))
+
     def _core(self, obs: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
         x = self.encoder(self.obs_norm(obs)).unsqueeze(1)
-        _, (h, c) = self.lstm(x, (state[0].unsqueeze(0), state[1].unsqueeze(0)))
+        _, (h, c) = self._lstm(x, state[0].unsqueeze(0), state[1].unsqueeze(0))
         return h[0], c[0]
 
     def _log_probs(self, h: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
@@ -237,11 +244,11 @@ class Policy(nn.Module):
         keep = (~first[:, 0]).unsqueeze(-1).to(h0.dtype)
         h0, c0 = h0 * keep, c0 * keep
         if runs.gather is None:
-            hidden, _ = self.lstm(x, (h0.unsqueeze(0), c0.unsqueeze(0)))
+            hidden, _ = self._lstm(x, h0.unsqueeze(0), c0.unsqueeze(0))
         else:
             rows = x.reshape(S * T, -1)[runs.gather].reshape(-1, T, x.shape[-1])
             carry = runs.carry.unsqueeze(-1)
-            out, _ = self.lstm(rows, ((h0[runs.row] * carry).unsqueeze(0), (c0[runs.row] * carry).unsqueeze(0)))
+            out, _ = self._lstm(rows, (h0[runs.row] * carry).unsqueeze(0), (c0[runs.row] * carry).unsqueeze(0))
             hidden = out.reshape(-1, out.shape[-1])[runs.scatter]
         hidden = hidden.reshape(S * T, -1)
         heads = self._log_probs(hidden, mask.reshape(S * T, -1))

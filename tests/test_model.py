@@ -343,3 +343,44 @@ def test_parameters_saved_under_the_old_lstm_cell_names_still_load():
     dst.load_tensors(old)
     for k, v in src.tensors().items():
         np.testing.assert_array_equal(dst.tensors()[k], v)
+
+
+def lstm_under_bf16_autocast(device: str):
+    """(LSTM input dtypes, autocast on inside the LSTM?, log-probs) of a bf16-autocast evaluate on ``device``."""
+    policy = played_policy(3, device)
+    batch = played_batch(played_policy(3), S=6, T=5, seed=3, reset_prob=0.2)
+    on = {k: torch.from_numpy(batch[k]).to(device) for k in ("obs", "mask", "actions", "h0", "c0", "first")}
+    seen = []
+
+    def record(module, args):
+        x, (h0, c0) = args
+        seen.append(((x.dtype, h0.dtype, c0.dtype), torch.is_autocast_enabled(device)))
+
+    policy.lstm.register_forward_pre_hook(record)
+    with torch.autocast(device, torch.bfloat16):
+        logp, _, _ = policy.evaluate(on["obs"], on["mask"], on["actions"], on["h0"], on["c0"], on["first"])
+    return seen, logp
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_lstm_runs_in_float32_outside_bf16_autocast(device):
+    seen, logp = lstm_under_bf16_autocast(device)
+    assert seen == [((torch.float32,) * 3, False)]
+    assert logp.dtype == torch.float32 and torch.isfinite(logp).all()
+
+
+def grad_nodes(root) -> set[str]:
+    """The type names of every node in the autograd graph below ``root``."""
+    visited, todo = set(), [root]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in visited:
+            visited.add(node)
+            todo += [next_fn for next_fn, _ in node.next_functions]
+    return {type(node).__name__ for node in visited}
+
+
+@pytest.mark.cuda
+def test_the_learners_lstm_is_cudnns_fused_kernel_under_bf16():
+    _, logp = lstm_under_bf16_autocast("cuda")
+    assert "CudnnRnnBackward0" in grad_nodes(logp.sum().grad_fn)
