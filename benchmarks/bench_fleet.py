@@ -86,6 +86,9 @@ def parse_args(argv=None):
     p.add_argument("--wall-limit-s", type=float, default=0.0,
                    help="end the run after this much wall time and report what was reached (today's code at "
                         "thousands of workers does not finish)")
+    p.add_argument("--workers-per-node", type=int, default=0,
+                   help="workers sharing a node cache for params, snapshots and the pool (rapid.node_cache; "
+                        "0: every worker reads the store itself)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the figures to this file")
     return p.parse_args(argv)
@@ -95,7 +98,8 @@ def settings_of(a) -> Settings:
     return Settings(workers=a.workers, ranks=a.ranks, sim_s=60 * a.minutes, poll_s=a.poll_s,
                     retention_s=a.retention_s, update_s=a.update_s, samples_per_object=a.samples,
                     games_per_object=a.games, drain_s=a.drain_s, seed=a.seed, skew_s=a.skew_s,
-                    slow_upload_s=a.slow_upload_s, churn=a.churn, restart_at=a.restart_at, **CADENCES[a.cadence])
+                    slow_upload_s=a.slow_upload_s, churn=a.churn, restart_at=a.restart_at,
+                    workers_per_node=a.workers_per_node, **CADENCES[a.cadence])
 
 
 def latency_of(a) -> Latency:
@@ -128,7 +132,8 @@ def run_once(a, store_kind: str, out=print) -> dict:
     out(f"code: {Path(rapid.__file__).parent} — plane: {plane.name}")
     out(f"shape: W={s.workers} workers, R={s.ranks} ranks, {s.sim_s:.0f} s simulated (+{s.drain_s:.0f} s drain), "
         f"uploads every {s.upload_s:g} s, param polls every {s.param_poll_s:g} s, loader polls every {s.poll_s:g} s, "
-        f"publish every {s.publish_s:g} s, retention {s.retention_s:g} s, update {s.update_s:g} s")
+        f"publish every {s.publish_s:g} s, retention {s.retention_s:g} s, update {s.update_s:g} s, "
+        + (f"{s.workers_per_node} workers a node cache" if s.workers_per_node else "no node cache"))
     out(f"scaling: {s.samples_per_object} samples and {s.games_per_object} games per object in memory; "
         f"experience objects ×{latency.size_scale['experience']:,.0f} → {a.object_mb:g} MB, params ×"
         f"{latency.size_scale['params']:,.0f} → {a.params_mb:g} MB; latency {a.request_ms:g} ms a request, "

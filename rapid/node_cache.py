@@ -70,11 +70,26 @@ class NodeCachedStore(Store):
                 fcntl.flock(lock, fcntl.LOCK_EX)  # one download per node; the others wait and read the file
                 data = self._fresh(path, ttl)
                 if data is None:
-                    data = self.inner.get(key, max_bytes)  # KeyNotFound is never cached
-                    self.fetched += 1
+                    data = self._fetch(key, max_bytes, path)
                     self._write(path, data, immutable=ttl is None)
         if len(data) > max_bytes:
             raise ObjectTooLarge(f"{key}: more than the {max_bytes} bytes allowed")
+        return data
+
+    def _fetch(self, key: str, max_bytes: int, path: Path) -> bytes:
+        """From the store. The pool's next revision is probed by every reader at every refresh and is usually
+        absent: its absence is remembered for the pool pointer's time to live (other misses are not)."""
+        miss = path.with_name(f"{path.name}.missing")  # pruned like the objects
+        miss_ttl = self.pointers.get(POOL_POINTER) if key.startswith(POOL_REVISIONS_PREFIX) else None
+        if miss_ttl is not None and self._fresh(miss, miss_ttl) is not None:
+            raise KeyNotFound(key)
+        try:
+            data = self.inner.get(key, max_bytes)
+        except KeyNotFound:
+            if miss_ttl is not None:
+                self._write(miss, b"", immutable=False)
+            raise
+        self.fetched += 1
         return data
 
     def _fresh(self, path: Path, ttl: float | None) -> bytes | None:
@@ -91,6 +106,8 @@ class NodeCachedStore(Store):
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)  # atomic: a reader sees the whole object or none
+            now = self.clock()
+            os.utime(path, (now, now))  # freshness is the file's age on this cache's clock
             if immutable:
                 self._prune()
         except OSError as e:  # a full or read-only folder costs the sharing, not the read

@@ -76,3 +76,26 @@ def test_a_run_without_an_id_or_with_the_cache_off_reads_the_store_itself(tmp_pa
     assert rollout_store(store, str(tmp_path), "abc", "off", 5.0, 30.0) is store
     cached = rollout_store(store, str(tmp_path), "abc", "", 5.0, 30.0)
     assert isinstance(cached, NodeCachedStore) and str(cached.folder).endswith(os.path.join("node-cache", "abc"))
+
+
+def test_the_pools_next_revision_is_probed_once_per_node_and_ttl(tmp_path):
+    class Counting(LocalStore):
+        gets = 0
+
+        def get(self, key, max_bytes=1 << 40):
+            Counting.gets += 1
+            return super().get(key, max_bytes)
+
+    clock = [time.time()]
+    store = Counting(tmp_path / "store")
+    cached = NodeCachedStore(store, tmp_path / "node", {"league/pool.json": 30.0}, clock=lambda: clock[0])
+    probe = "league/pool/000000000008.json"
+    for _ in range(5):
+        try:
+            cached.get(probe)
+        except KeyNotFound:
+            pass
+    assert Counting.gets == 1
+    store.put(probe, b"{}")
+    clock[0] += 31.0  # the absence is forgotten after the pool pointer's time to live
+    assert cached.get(probe) == b"{}" and Counting.gets == 2

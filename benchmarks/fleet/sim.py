@@ -69,6 +69,7 @@ class Settings:
     restart_at: float = 0.0  # fault: the optimizer job restarts (--resume) at this simulated second
     restart_down_s: float = 30.0
     shards: int = 0  # experience shards of the sharded plane (0: one per rank, as store.experience_shards)
+    workers_per_node: int = 0  # workers sharing a node cache (rapid.node_cache; 0: none, every worker reads the store)
 
 
 class Worker:
@@ -79,8 +80,9 @@ class Worker:
         s, rng = fleet.s, fleet.rng
         self.fleet, self.id = fleet, f"w{index}"
         self.uploader = fleet.plane.uploader(fleet.store, self.id, s)
-        self.poller = ParamPoller(ParameterStore(fleet.store), s.param_poll_s, QUIET)
-        league = League(fleet.store, clock=fleet.clock.time)
+        reads = fleet.node_store(index)
+        self.poller = ParamPoller(ParameterStore(reads), s.param_poll_s, QUIET)
+        league = League(reads, clock=fleet.clock.time)
         self.sampler = OpponentSampler(league, fleet.league_cfg, clock=fleet.clock.monotonic)
         self.version: int | None = None
         self.rng = np.random.default_rng(int(rng.integers(1 << 31)))
@@ -197,6 +199,23 @@ class Fleet:
 
     def actor(self, name: str, gen) -> Actor:
         return Actor(name, gen)
+
+    def node_store(self, index: int):
+        """What worker ``index`` reads parameters, snapshots and the pool through: its node's cache (rapid's
+        NodeCachedStore on the simulated clock, one folder per ``workers_per_node`` workers) or the store."""
+        if not self.s.workers_per_node:
+            return self.store
+        import tempfile
+
+        from rapid.node_cache import NodeCachedStore
+        from rapid.store_map import PARAMS_LATEST, POOL_POINTER
+
+        if not hasattr(self, "_node_root"):
+            self._node_root = tempfile.mkdtemp(prefix="fleet-nodes-")
+        node = index // self.s.workers_per_node
+        return NodeCachedStore(self.store, f"{self._node_root}/node{node}",
+                               {PARAMS_LATEST: self.s.param_poll_s, POOL_POINTER: self.s.refresh_s},
+                               clock=self.clock.time)
 
     def new_rank(self, rank: int, at: float) -> Rank:
         return Rank(self, rank, at)
