@@ -159,8 +159,6 @@ def choose_device_and_backend(wanted: str, local_rank: int, local_ranks: int, cu
     Each rank gets a GPU of its own; two ranks on one GPU make NCCL fail building its communicator, so a node
     with more ranks than GPUs is refused rather than silently shared.
 
-    >>> choose_device_and_backend("auto", 1, 2, cuda_available=True, gpu_count=2)
-    ('cuda:1', 'nccl')
     >>> choose_device_and_backend("cpu", 1, 2, cuda_available=True, gpu_count=2)
     ('cpu', 'gloo')
     """
