@@ -29,7 +29,7 @@ def worker(sizes: list[int], repeats: int) -> None:
     from rapid.infra.distributed import abort_on_error, detect_identity, init_process_group
 
     identity = detect_identity()
-    with abort_on_error(identity), init_process_group(identity) as dist:
+    with abort_on_error(identity), init_process_group(identity, device="cpu") as dist:  # CPU tensors: gloo
         for n in sizes:
             shapes = [min(TENSOR_PARAMS, n - i) for i in range(0, n, TENSOR_PARAMS)]
             params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]

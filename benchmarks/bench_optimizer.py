@@ -54,7 +54,7 @@ def worker(batch: int, updates: int, microbatch: int) -> None:
     from rapid.roles.startup import build_policy, env_spec
 
     identity = detect_identity()
-    with abort_on_error(identity), init_process_group(identity) as dist:
+    with abort_on_error(identity), init_process_group(identity, device="cpu") as dist:  # CPU tensors: gloo
         cfg = load_config(ROOT / "configs" / "default.toml", [f"optimizer.batch_samples={batch}",
                                                              f"optimizer.microbatch_samples={microbatch}"])
         torch.set_num_threads(cfg.optimizer.torch_threads)

@@ -58,6 +58,7 @@ lstm = 32
 upload_interval_s = 1.0
 param_poll_s = 1.0
 [optimizer]
+device = "cpu"           # gloo, on a GPU host too: these tests are about the CPU path
 batch_samples = 32
 buffer_samples = 1024
 checkpoint_every = 1000
