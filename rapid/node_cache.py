@@ -77,10 +77,11 @@ class NodeCachedStore(Store):
         return data
 
     def _fetch(self, key: str, max_bytes: int, path: Path) -> bytes:
-        """From the store. The pool's next revision is probed by every reader at every refresh and is usually
-        absent: its absence is remembered for the pool pointer's time to live (other misses are not)."""
+        """From the store. A missing pointer (no pool yet) and the pool's next revision, which every reader
+        probes at every refresh, are usually absent: their absence is remembered for the pointer's time to live
+        (a missing version or snapshot is not)."""
         miss = path.with_name(f"{path.name}.missing")  # pruned like the objects
-        miss_ttl = self.pointers.get(POOL_POINTER) if key.startswith(POOL_REVISIONS_PREFIX) else None
+        miss_ttl = self.pointers.get(POOL_POINTER if key.startswith(POOL_REVISIONS_PREFIX) else key)
         if miss_ttl is not None and self._fresh(miss, miss_ttl) is not None:
             raise KeyNotFound(key)
         try:
@@ -128,7 +129,21 @@ class NodeCachedStore(Store):
         return self.inner.put_if_absent(key, data)
 
     def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
-        return self.inner.list(prefix, start_after)
+        """A reader of the pool lists its revisions when the pointer is missing: that listing is shared like
+        the pointer; every other listing goes to the store."""
+        ttl = self.pointers.get(POOL_POINTER)
+        if prefix != POOL_REVISIONS_PREFIX or start_after is not None or ttl is None:
+            return self.inner.list(prefix, start_after)
+        path = self.folder / "pool-revisions.list"
+        data = self._fresh(path, ttl)
+        if data is None:
+            with open(self.folder / ".pool-revisions.lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                data = self._fresh(path, ttl)
+                if data is None:
+                    data = "\n".join(self.inner.list(prefix)).encode()
+                    self._write(path, data, immutable=False)
+        return [k for k in data.decode().split("\n") if k]
 
     def delete(self, key: str) -> None:
         self.inner.delete(key)

@@ -99,3 +99,24 @@ def test_the_pools_next_revision_is_probed_once_per_node_and_ttl(tmp_path):
     store.put(probe, b"{}")
     clock[0] += 31.0  # the absence is forgotten after the pool pointer's time to live
     assert cached.get(probe) == b"{}" and Counting.gets == 2
+
+
+def test_a_missing_pool_is_looked_up_once_per_node_and_ttl(tmp_path):
+    from rapid.league import League
+
+    class Counting(LocalStore):
+        calls = 0
+
+        def get(self, key, max_bytes=1 << 40):
+            Counting.calls += 1
+            return super().get(key, max_bytes)
+
+        def list(self, prefix="", start_after=None):
+            Counting.calls += 1
+            return super().list(prefix, start_after)
+
+    store = Counting(tmp_path / "store")
+    cached = NodeCachedStore(store, tmp_path / "node", {"league/pool.json": 30.0})
+    readers = [League(cached) for _ in range(20)]  # the workers of a node, before the optimizer made a pool
+    assert not any(reader.exists() for reader in readers)
+    assert Counting.calls == 2  # one GET of the pointer, one LIST of the revisions, for the node

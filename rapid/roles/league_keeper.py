@@ -43,8 +43,9 @@ class LeagueKeeper:
         self._snapshots: list[ParamsObject] = []
         self._closing = False
         self._wake = threading.Condition()
-        if cfg.league.bots:
-            bots = [b if b.startswith("bot:") else f"bot:{b}" for b in cfg.league.bots]
+        # The pool exists from the start (empty if need be): readers of a missing pool list its revisions.
+        bots = [b if b.startswith("bot:") else f"bot:{b}" for b in cfg.league.bots]
+        if bots or not self.league.exists():
             self.league.update(lambda s: ensure_bots(s, bots, time.time()))
         self._say_if_legacy_results(store)
         self._thread = threading.Thread(target=self._run, name="league", daemon=True)
