@@ -193,11 +193,13 @@ def cmd_role(args) -> int:
                 raise UsageError(f"--worker-id {worker!r}: use 1-64 of A-Z a-z 0-9 . _ -, not starting with . or -")
             # Pods and job-array tasks all have rank 0: their name must tell their games apart.
             seed = args.seed if args.seed is not None else rollout_seed(cfg.run.seed, worker, identity.rank)
-            # Without MPI the metrics rank comes from the name (a stable hash, not its digits: pods whose names
-            # share their digits must not write the same metrics target file).
+            # Without MPI the metrics rank comes from the name: w<N> is rank N; any other name (a pod's) a stable
+            # hash, not its digits (pods whose names share their digits wrote one metrics target file).
             from rapid.store_map import shard_of
 
-            rank = identity.rank if identity.size > 1 else shard_of(worker, 1 << 30)
+            numbered = re.fullmatch(r"w([0-9]{1,9})", worker, re.ASCII)
+            rank = (identity.rank if identity.size > 1 else int(numbered.group(1)) if numbered
+                    else shard_of(worker, 1 << 30))
             return run_rollout(cfg, worker, seed, rank=rank, local_rank=identity.local_rank)
         if args.command == "evaluator":
             from rapid.roles.evaluator import run_evaluator

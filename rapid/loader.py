@@ -122,7 +122,9 @@ class ExperienceLoader:
         self.mark_s = mark_s
         self._next_mark = clock() + mark_s
         self._failed_downloads = 0
-        self._rate = 0.0  # objects per second arriving in this rank's shards (moving average)
+        # Objects per second arriving in this rank's shards (moving average); it starts as if they came every
+        # poll_s, so a new rank looks often until its listings show otherwise.
+        self._rate = 1.0 / poll_s
         self._last_poll = clock()
         self._lock = threading.Lock()
         self._stop = threading.Event()

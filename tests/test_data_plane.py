@@ -112,7 +112,11 @@ def test_the_wait_between_listings_follows_the_arrivals(tmp_path):
     store = LocalStore(tmp_path)
     clock = [1000.0]
     loader = loader_on(store, poll_s=0.5, poll_max_s=8.0, clock=lambda: clock[0])
-    assert loader.next_wait() == 8.0  # nothing arrives: the longest wait
+    assert loader.next_wait() == 0.5  # a new rank looks often until its listings show otherwise
+    for _ in range(30):  # nothing arrives: the wait grows to the longest
+        clock[0] += loader.next_wait()
+        loader.poll_once()
+    assert loader.next_wait() == 8.0
     for i in range(40):  # one object every 2 s
         clock[0] += 2.0
         put(store, 0, time.time(), i)
