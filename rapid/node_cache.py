@@ -64,16 +64,22 @@ class NodeCachedStore(Store):
         if ttl is None and not IMMUTABLE.fullmatch(key):
             return self.inner.get(key, max_bytes)
         path = self.folder / hashlib.sha256(validate_key(key).encode()).hexdigest()[:32]
-        data = self._fresh(path, ttl)
-        if data is None:
-            with open(self.folder / f".{path.name}.lock", "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # one download per node; the others wait and read the file
-                data = self._fresh(path, ttl)
-                if data is None:
-                    data = self._fetch(key, max_bytes, path)
-                    self._write(path, data, immutable=ttl is None)
+        data = self._shared(path, ttl, lambda: self._fetch(key, max_bytes, path))
         if len(data) > max_bytes:
             raise ObjectTooLarge(f"{key}: more than the {max_bytes} bytes allowed")
+        return data
+
+    def _shared(self, path: Path, ttl: float | None, fetch: Callable[[], bytes]) -> bytes:
+        """The node's copy at ``path`` if fresh; else one process of the node runs ``fetch`` under a lock and
+        writes the copy, and the others, waiting on the lock, read it."""
+        data = self._fresh(path, ttl)
+        if data is None:
+            with open(path.with_name(f".{path.name}.lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                data = self._fresh(path, ttl)
+                if data is None:
+                    data = fetch()
+                    self._write(path, data, immutable=ttl is None)
         return data
 
     def _fetch(self, key: str, max_bytes: int, path: Path) -> bytes:
@@ -134,26 +140,12 @@ class NodeCachedStore(Store):
         ttl = self.pointers.get(POOL_POINTER)
         if prefix != POOL_REVISIONS_PREFIX or start_after is not None or ttl is None:
             return self.inner.list(prefix, start_after)
-        path = self.folder / "pool-revisions.list"
-        data = self._fresh(path, ttl)
-        if data is None:
-            with open(self.folder / ".pool-revisions.lock", "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                data = self._fresh(path, ttl)
-                if data is None:
-                    data = "\n".join(self.inner.list(prefix)).encode()
-                    self._write(path, data, immutable=False)
+        data = self._shared(self.folder / "pool-revisions.list", ttl,
+                            lambda: "\n".join(self.inner.list(prefix)).encode())
         return [k for k in data.decode().split("\n") if k]
 
     def delete(self, key: str) -> None:
         self.inner.delete(key)
-
-    def exists(self, key: str) -> bool:
-        try:
-            self.get(key)
-        except KeyNotFound:
-            return False
-        return True
 
     def describe(self) -> str:
         return self.inner.describe()

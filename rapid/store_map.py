@@ -264,7 +264,9 @@ def write_layout(store: Store, shards: int) -> int:
     return int(shards) if found is None else found
 
 
-def _layout(store: Store) -> dict | None:
+def read_run(store: Store) -> tuple[int, str | None] | None:
+    """The run's experience shard count and id (a fresh id for every run, even in a reused store; None in a
+    layout of an older rapid); None before the optimizer wrote it, FormatError for garbage."""
     try:
         raw = store.get(LAYOUT, max_bytes=4096)
     except KeyNotFound:
@@ -278,16 +280,10 @@ def _layout(store: Store) -> dict | None:
     if (not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= MAX_SHARDS
             or not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id)):
         raise FormatError(f"{LAYOUT} is not a rapid layout document")
-    return doc
+    return shards, run_id or None
 
 
 def read_layout(store: Store) -> int | None:
     """The run's experience shard count; None before the optimizer wrote it, FormatError for garbage."""
-    doc = _layout(store)
-    return None if doc is None else doc["experience_shards"]
-
-
-def read_run_id(store: Store) -> str | None:
-    """The run's id (a fresh one for every run, even in a reused store); None without one."""
-    doc = _layout(store)
-    return (doc.get("run_id") or None) if doc else None
+    run = read_run(store)
+    return None if run is None else run[0]

@@ -27,6 +27,22 @@ class LoggedStore(LocalStore):
         return super().get(key, max_bytes)
 
 
+class CountingStore(LocalStore):
+    """Counts GETs and LISTs that reach the store (one process)."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.gets = self.lists = 0
+
+    def get(self, key, max_bytes=1 << 40):
+        self.gets += 1
+        return super().get(key, max_bytes)
+
+    def list(self, prefix="", start_after=None):
+        self.lists += 1
+        return super().list(prefix, start_after)
+
+
 def _read_through_cache(root, log, folder, ready):
     cached = NodeCachedStore(LoggedStore(root, log), folder, {"params/LATEST": 60.0})
     ready.wait(30)
@@ -79,15 +95,8 @@ def test_a_run_without_an_id_or_with_the_cache_off_reads_the_store_itself(tmp_pa
 
 
 def test_the_pools_next_revision_is_probed_once_per_node_and_ttl(tmp_path):
-    class Counting(LocalStore):
-        gets = 0
-
-        def get(self, key, max_bytes=1 << 40):
-            Counting.gets += 1
-            return super().get(key, max_bytes)
-
     clock = [time.time()]
-    store = Counting(tmp_path / "store")
+    store = CountingStore(tmp_path / "store")
     cached = NodeCachedStore(store, tmp_path / "node", {"league/pool.json": 30.0}, clock=lambda: clock[0])
     probe = "league/pool/000000000008.json"
     for _ in range(5):
@@ -95,28 +104,17 @@ def test_the_pools_next_revision_is_probed_once_per_node_and_ttl(tmp_path):
             cached.get(probe)
         except KeyNotFound:
             pass
-    assert Counting.gets == 1
+    assert store.gets == 1
     store.put(probe, b"{}")
     clock[0] += 31.0  # the absence is forgotten after the pool pointer's time to live
-    assert cached.get(probe) == b"{}" and Counting.gets == 2
+    assert cached.get(probe) == b"{}" and store.gets == 2
 
 
 def test_a_missing_pool_is_looked_up_once_per_node_and_ttl(tmp_path):
     from rapid.league import League
 
-    class Counting(LocalStore):
-        calls = 0
-
-        def get(self, key, max_bytes=1 << 40):
-            Counting.calls += 1
-            return super().get(key, max_bytes)
-
-        def list(self, prefix="", start_after=None):
-            Counting.calls += 1
-            return super().list(prefix, start_after)
-
-    store = Counting(tmp_path / "store")
+    store = CountingStore(tmp_path / "store")
     cached = NodeCachedStore(store, tmp_path / "node", {"league/pool.json": 30.0})
     readers = [League(cached) for _ in range(20)]  # the workers of a node, before the optimizer made a pool
     assert not any(reader.exists() for reader in readers)
-    assert Counting.calls == 2  # one GET of the pointer, one LIST of the revisions, for the node
+    assert store.gets + store.lists == 2  # one GET of the pointer, one LIST of the revisions, for the node

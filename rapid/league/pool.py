@@ -78,6 +78,9 @@ from rapid.store_map import (
     snapshot_key,
 )
 
+KEEP_RATINGS = 1_000
+"""Ratings kept of ids outside the pool (learner versions the evaluator rated), newest first."""
+
 # --- the store-backed pool --------------------------------------------------------------------------
 
 class League:
@@ -174,15 +177,17 @@ class League:
         return self.add_snapshot_bytes(blob, member_id=member_id, pinned=pinned, max_snapshots=max_snapshots)
 
     def add_snapshot(self, obj: ParamsObject, *, member_id: str | None = None, pinned: bool = False,
-                     max_snapshots: int | None = None) -> Member:
+                     max_snapshots: int | None = None, keep_retired: int | None = None) -> Member:
         """Snapshot in-memory weights (encoding copies them, so later changes to the arrays don't leak)."""
         return self.add_snapshot_bytes(encode_params(obj), member_id=member_id, pinned=pinned,
-                                       max_snapshots=max_snapshots)
+                                       max_snapshots=max_snapshots, keep_retired=keep_retired)
 
     def add_snapshot_bytes(self, blob: bytes, *, member_id: str | None = None, pinned: bool = False,
-                           max_snapshots: int | None = None) -> Member:
+                           max_snapshots: int | None = None, keep_retired: int | None = None) -> Member:
         """Store an encoded params object as a snapshot, then commit the member (in that order, so a
-        crash in between leaves only an unreferenced object, never a member without weights)."""
+        crash in between leaves only an unreferenced object, never a member without weights). With
+        ``keep_retired``, the same commit forgets the oldest retired snapshots beyond it
+        (``state.forget_retired``), whose objects are deleted after the commit."""
         obj = decode_params(blob)  # FormatError for anything that is not a valid params object
         member_id = check_member_id(member_id or version_id(obj.version), "snapshot")
         self._check_learner_id(member_id, obj)
@@ -191,28 +196,20 @@ class League:
             raise SnapshotConflict(f"snapshot {member_id} already exists with different weights")
         now = self.clock()
 
+        forgotten: list[str] = []
+
         def join(state: PoolState) -> PoolState:
             state = add_member(state, Member(id=member_id, kind="snapshot", version=obj.version,
                                              quality=joining_quality(state), pinned=pinned, added_at=now))
-            return retire_overflow(state, max_snapshots)
-
-        return self.update(join).members[member_id]
-
-    def forget_retired(self, keep_retired: int, keep_ratings: int = 1_000) -> list[str]:
-        """Commit the pool without its oldest retired snapshots beyond ``keep_retired`` (``state.forget_retired``),
-        then delete their snapshot objects (in that order: a crash leaves an unreferenced object, never a member
-        without weights). Returns the forgotten ids."""
-        dropped: list[str] = []
-
-        def forget(state: PoolState) -> PoolState:
-            state, ids = forget_retired(state, keep_retired, keep_ratings)
-            dropped[:] = ids  # the last run of this function is the one committed
+            state = retire_overflow(state, max_snapshots)
+            if keep_retired is not None:
+                state, forgotten[:] = forget_retired(state, keep_retired, KEEP_RATINGS)  # the committed run's
             return state
 
-        self.update(forget)
-        for member_id in dropped:
-            self.store.delete(snapshot_key(member_id))
-        return list(dropped)
+        member = self.update(join).members[member_id]
+        for old in forgotten:
+            self.store.delete(snapshot_key(old))
+        return member
 
     def is_learner_version(self, member_id: str, obj: ParamsObject) -> bool:
         """True when ``member_id`` is ``v<N>`` and ``obj`` holds the weights this run published as version N."""

@@ -96,10 +96,9 @@ class LeagueKeeper:
     def _add_snapshot(self, snapshot: ParamsObject) -> None:
         lg = self.cfg.league
         try:
-            self.league.add_snapshot(snapshot, max_snapshots=lg.max_snapshots or None)
+            self.league.add_snapshot(snapshot, max_snapshots=lg.max_snapshots or None,
+                                     keep_retired=lg.keep_retired if lg.keep_retired >= 0 else None)
             self.log.info("snapshot of v%d joined the pool", snapshot.version)
-            if lg.keep_retired >= 0:
-                self.league.forget_retired(lg.keep_retired)
         except LEAGUE_ERRORS as e:
             self.log.warning("snapshot of v%d not added: %s", snapshot.version, e)
 

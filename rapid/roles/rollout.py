@@ -24,7 +24,7 @@ from rapid.opponents import LeagueOpponents
 from rapid.param_store import ParameterStore
 from rapid.roles.startup import StopFlag, build_policy, open_run_store, setup_logging, start_metrics
 from rapid.rollout_worker import RolloutSettings, RolloutWorker
-from rapid.store_map import read_layout, read_run_id
+from rapid.store_map import read_run
 from rapid.uploader import Uploader
 
 
@@ -48,9 +48,9 @@ def _run_layout(store, stop: StopFlag, log) -> tuple[int, str | None] | None:
     started, warned = time.monotonic(), False
     while not stop:
         try:
-            shards = read_layout(store)
-            if shards is not None:
-                return shards, read_run_id(store)
+            run = read_run(store)
+            if run is not None:
+                return run
             if ParameterStore(store).latest_version() is not None:
                 return 1, None
         except StoreError as e:
