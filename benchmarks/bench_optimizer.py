@@ -63,7 +63,7 @@ def worker(batch: int, updates: int, microbatch: int) -> None:
         policy = build_policy(cfg, spec)
         dist.broadcast_parameters(policy)
         learner = Learner(policy, cfg.ppo, "cpu", microbatch_samples=cfg.optimizer.microbatch_samples,
-                          all_reduce=dist.all_reduce_gradients, all_reduce_scalars=dist.all_reduce_scalars,
+                          all_reduce=dist.all_reduce_gradients, all_reduce_mean=dist.all_reduce_mean_,
                           world_size=dist.size)
         shape = Shape.of(spec, bptt=cfg.rollout.bptt, lstm=cfg.model.lstm)
         data = synthetic_batch(shape, batch, spec.action_heads, seed=identity.rank)

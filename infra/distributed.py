@@ -192,7 +192,7 @@ def init_process_group(identity: Identity | None = None, backend: str | None = N
     if place.type == "cuda":
         torch.cuda.set_device(place)
     if identity.size == 1:
-        return DistContext(identity, backend, place, initialized=False)
+        return DistContext(identity, backend, place, initialized=False, timeout_s=timeout)
     if identity.under_mpi:
         init_method = _rendezvous_address(identity)
     elif "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
@@ -206,7 +206,7 @@ def init_process_group(identity: Identity | None = None, backend: str | None = N
 
     dist.init_process_group(backend, init_method=init_method, rank=identity.rank, world_size=identity.size,
                             timeout=datetime.timedelta(seconds=timeout))
-    return DistContext(identity, backend, place, initialized=True)
+    return DistContext(identity, backend, place, initialized=True, timeout_s=timeout)
 
 
 def _buckets(tensors: list[torch.Tensor], bucket_bytes: int) -> Iterator[list[torch.Tensor]]:
@@ -225,9 +225,14 @@ def _buckets(tensors: list[torch.Tensor], bucket_bytes: int) -> Iterator[list[to
 
 
 class DistContext:
-    """Collectives over all ranks. With one rank (no process group) they return their input unchanged."""
+    """Collectives over all ranks. With one rank (no process group) they return their input unchanged.
+    ``timeout_s``: how long a collective may wait for the slowest rank before the job fails (NCCL's watchdog
+    then kills the process): a rank must never wait longer than that for anything else in a collective's
+    stead."""
 
-    def __init__(self, identity: Identity, backend: str, device: torch.device, initialized: bool):
+    def __init__(self, identity: Identity, backend: str, device: torch.device, initialized: bool,
+                 timeout_s: float = 600.0):
+        self.timeout_s = timeout_s
         self.identity = identity
         self.backend = backend
         self.device = device
@@ -241,10 +246,11 @@ class DistContext:
     def size(self) -> int:
         return self.identity.size
 
-    def all_reduce_gradients(self, params: Iterable[torch.Tensor],
+    def all_reduce_gradients(self, params: Iterable[torch.Tensor], extra: Iterable[torch.Tensor] = (),
                              bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
-        """Replace every gradient by its mean over ranks. A missing grad counts as zeros (and is created),
-        so ranks that did not touch a parameter stay in step with ranks that did."""
+        """Replace every gradient, and each ``extra`` tensor (on the rank's device), by its mean over ranks.
+        A missing grad counts as zeros (and is created), so ranks that did not touch a parameter stay in step
+        with ranks that did. The extras ride in the same buckets (one more only where their dtype differs)."""
         if not self._initialized:
             return
         import torch
@@ -254,7 +260,7 @@ class DistContext:
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in params]
+        grads = [p.grad for p in params] + list(extra)
         with torch.no_grad():
             for bucket in _buckets(grads, bucket_bytes):
                 flat = torch.cat([g.reshape(-1) for g in bucket])
@@ -285,6 +291,16 @@ class DistContext:
                 for t in bucket:
                     t.copy_(flat[offset:offset + t.numel()].view_as(t))
                     offset += t.numel()
+
+    def all_reduce_mean_(self, tensor: torch.Tensor) -> None:
+        """Replace ``tensor`` (on the rank's device) by its mean over ranks, in place. No wait for the device:
+        the result is read when the caller next needs it."""
+        if not self._initialized:
+            return
+        import torch.distributed as dist
+
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        tensor.div_(self.size)
 
     def all_reduce_scalars(self, values: dict[str, float]) -> dict[str, float]:
         """The mean of each named value over ranks (every rank must pass the same names)."""

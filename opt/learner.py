@@ -1,8 +1,8 @@
 """One PPO update on a batch of samples: truncated BPTT, clipped losses, all-reduced gradients, Adam.
 
 With several ranks the learner is built with ``all_reduce=ctx.all_reduce_gradients,
-all_reduce_scalars=ctx.all_reduce_scalars, world_size=ctx.size`` (``rapid.infra.distributed``); one process
-needs none of them.
+all_reduce_mean=ctx.all_reduce_mean_, world_size=ctx.size`` (``rapid.infra.distributed``); one process needs
+none of them.
 
 Usage::
 
@@ -16,7 +16,7 @@ Usage::
     >>> segments = [worker.collect() for _ in range(4)]   # a segment holds the samples completed meanwhile
     >>> batch = {k: np.concatenate([s.arrays[k] for s in segments]) for k in segments[0].arrays}   # [S, T, ...]
     >>> learner = Learner(build_policy(cfg, env.spec), cfg.ppo, "cpu", microbatch_samples=0)
-    >>> stats = learner.update(batch)     # with MPI: all_reduce=ctx.all_reduce_gradients, all_reduce_scalars=…
+    >>> stats = learner.update(batch)     # with MPI: all_reduce=ctx.all_reduce_gradients, all_reduce_mean=…
     >>> stats["skipped"], learner.updates, sorted(k for k in stats if k.endswith("loss"))
     (0.0, 1, ['policy_loss', 'value_loss'])
     >>> staged = learner.stage(batch)     # optional: on the device ahead of time; update(staged) as above
@@ -25,8 +25,14 @@ Usage::
     (1.0, 1)
 
 With several ranks every rank calls ``update`` in lock step; ``all_reduce`` averages the gradients and
-``all_reduce_scalars`` pools the batch statistics, so the parameters and normalizers stay identical everywhere
+``all_reduce_mean`` pools the batch statistics, so the parameters and normalizers stay identical everywhere
 and equal to one process training on the union of the batches.
+
+One update costs three collectives and one wait of the host for the device: the advantage and return sums
+(before the losses), the gradients together with the observation sums and a "this rank's losses were not
+finite" flag (after the backward passes), and the figures read back at the end. With ``microbatch_samples``
+only one chunk of the observations is on the device at a time (staged chunk by chunk, statistics summed chunk
+by chunk), so the peak memory follows the chunk, not the batch.
 
 The losses are computed with the normalizers the data was collected with; the normalizers move only
 afterwards, with the same update (so fresh data has a PPO ratio of exactly 1).
@@ -44,8 +50,9 @@ from rapid.opt import losses
 from rapid.opt.config import PPOConfig
 from rapid.opt.model import Policy, ResetFreeRuns
 
-STAGED = ("obs", "mask", "actions", "logp", "values", "advantages", "returns", "active", "own", "first", "h0",
-          "c0")
+WHOLE = ("advantages", "returns", "active", "own")  # needed whole before the losses: [S, T, A] each
+CHUNKED = ("obs", "mask", "actions", "logp", "values", "first", "h0", "c0")  # staged one microbatch at a time
+STAGED = WHOLE + CHUNKED
 DIAGNOSTICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
 
 
@@ -111,12 +118,13 @@ class Learner:
     """``microbatch_samples``: gradient accumulation chunk (0: the whole batch at once); the gradient is the
     same either way. ``bf16``: forward and backward under bfloat16 autocast, on CUDA or CPU (faster where the
     device has bfloat16 units: :func:`bf16_native`; the log-probs then agree with the workers' to about 1e-2
-    instead of 1e-5). ``world_size``: the number of ranks, whose means ``all_reduce_scalars`` returns."""
+    instead of 1e-5). ``all_reduce(params, extra)`` replaces the gradients and the ``extra`` tensors by their
+    means over ranks, ``all_reduce_mean(tensor)`` one tensor, in place; ``world_size`` is the number of ranks."""
 
     def __init__(self, policy: Policy, ppo: PPOConfig, device: torch.device | str = "cpu",
                  microbatch_samples: int = 0, bf16: bool = False,
-                 all_reduce: Callable[[list[torch.nn.Parameter]], None] | None = None,
-                 all_reduce_scalars: Callable[[dict[str, float]], dict[str, float]] | None = None,
+                 all_reduce: Callable[..., None] | None = None,
+                 all_reduce_mean: Callable[[torch.Tensor], None] | None = None,
                  world_size: int = 1):
         self.device = indexed(device)
         self.policy = policy.to(self.device)
@@ -124,7 +132,7 @@ class Learner:
         self.microbatch_samples = microbatch_samples
         self.bf16 = bf16
         self.all_reduce = all_reduce
-        self.all_reduce_scalars = all_reduce_scalars
+        self.all_reduce_mean = all_reduce_mean
         self.world_size = world_size
         self.params = [p for p in policy.parameters() if p.requires_grad]
         self.adam = torch.optim.Adam(self.params, lr=ppo.lr, betas=(ppo.adam_beta1, ppo.adam_beta2), eps=ppo.adam_eps)
@@ -137,13 +145,14 @@ class Learner:
         return (losses.linear_schedule(s.lr, s.lr_final, progress),
                 losses.linear_schedule(s.entropy_coef, s.entropy_final, progress))
 
-    def stage(self, batch: dict[str, np.ndarray | torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The batch on the learner's device, copied once (from pinned memory, asynchronously, on CUDA).
-        ``update`` takes the result as it takes numpy arrays, so a loop can stage the next batch while the
-        current one trains."""
+    def stage(self, batch: dict[str, np.ndarray | torch.Tensor], part: slice = slice(None),
+              keys: tuple[str, ...] = STAGED) -> dict[str, torch.Tensor]:
+        """Rows ``part`` of the batch on the learner's device, copied once (from pinned memory, asynchronously,
+        on CUDA). ``update`` takes the result as it takes numpy arrays, so a loop can stage the next batch
+        while the current one trains."""
         out = {}
-        for key in STAGED:
-            t = torch.as_tensor(batch[key])
+        for key in keys:
+            t = torch.as_tensor(batch[key])[part]
             if t.device != self.device:
                 # Only host memory can be pinned (pin_memory raises on a GPU tensor, e.g. one from another GPU).
                 pin = self.device.type == "cuda" and t.device.type == "cpu" and not t.is_pinned()
@@ -151,78 +160,70 @@ class Learner:
             out[key] = t
         return out
 
-    def _pool(self, local: torch.Tensor) -> torch.Tensor:
-        """Means over ranks of a float64 vector of sums (ratios of these are the pooled statistics)."""
-        if self.all_reduce_scalars is None:
-            return local
-        merged = self.all_reduce_scalars({f"{i:06d}": v for i, v in enumerate(local.tolist())})
-        return torch.tensor([merged[f"{i:06d}"] for i in range(local.numel())], dtype=torch.float64,
-                            device=self.device)
-
-    def _agree_finite(self, finite: bool) -> bool:
-        """Every rank must skip the same updates, or their parameters drift apart."""
-        if self.all_reduce_scalars is None:
-            return finite
-        return self.all_reduce_scalars({"nonfinite": float(not finite)})["nonfinite"] == 0.0
-
     def update(self, batch: dict[str, np.ndarray | torch.Tensor], progress: float = 0.0) -> dict[str, float]:
         """One step on ``batch``; ``progress`` (the share of the run's budget done) sets the learning rate and
         the entropy bonus."""
         s = self.ppo
         t0 = time.perf_counter()
-        b = self.stage(batch)
         policy, norm = self.policy, self.policy.obs_norm
-        active = b["active"].float()
+        w = self.stage(batch, keys=WHOLE)  # per-step figures, a small fraction of the observations' bytes
+        active = w["active"].float()
         # The value head learns every step of the learner's rows, inactive ones too (a dead hero in a parallel
         # game): GAE bootstraps through their values. Turn-based samples hold the agent's decisions only.
-        own = b["own"].float()
-        ones = torch.ones(b["obs"].shape[:-1], device=self.device)
-        # One collective pools every statistic of the batch: the active-step count that normalizes the losses
-        # (so microbatches and ranks add up to the batch mean), the advantage moments, the returns' mean
-        # square and the observation sums the normalizer takes after the losses.
-        local = torch.cat([losses.weighted_sums(b["advantages"], active),
-                           losses.weighted_sums(b["returns"], own),
-                           losses.shifted_sums(b["obs"], ones, norm.mean).reshape(-1)])
-        pooled = self._pool(local)
-        adv_sums, ret_sums, obs_sums = pooled[:3], pooled[3:6], pooled[6:].reshape(3, -1)
+        own = w["own"].float()
+        # The step counts that normalize the losses (so microbatches and ranks add up to the batch mean), the
+        # advantage moments and the returns' mean square, pooled over ranks before the losses.
+        pooled = torch.cat([losses.weighted_sums(w["advantages"], active), losses.weighted_sums(w["returns"], own)])
+        if self.all_reduce_mean is not None:
+            self.all_reduce_mean(pooled)
+        adv_sums, ret_sums = pooled[:3], pooled[3:]
         total, own_total = adv_sums[0].float(), ret_sums[0].float()
-        adv = losses.normalize_advantages(b["advantages"], active, adv_sums)
+        adv = losses.normalize_advantages(w["advantages"], active, adv_sums)
         scale = policy.return_scale.float()
         lr, ent_coef = self.schedule(progress)
         for group in self.adam.param_groups:
             group["lr"] = lr
-        S = b["obs"].shape[0]
+        S = w["active"].shape[0]
         chunk = self.microbatch_samples or S
         # Where games start inside samples, read from the host's copy (if any): the device need not wait for it.
-        first = batch["first"] if isinstance(batch["first"], np.ndarray) else b["first"].cpu().numpy()
-        runs = [ResetFreeRuns.of(first[start:start + chunk]).to(self.device) for start in range(0, S, chunk)]
+        first = batch["first"] if isinstance(batch["first"], np.ndarray) else batch["first"].cpu().numpy()
         autocast = torch.autocast(self.device.type, torch.bfloat16, enabled=self.bf16)
         self.adam.zero_grad(set_to_none=True)
         diag = torch.zeros(len(DIAGNOSTICS), device=self.device)
+        obs_sums = torch.zeros(3, norm.mean.numel(), dtype=torch.float64, device=self.device)
         values = []
         clock = PhaseClock(self.device)
         forward, backward = [], []
-        for start, part_runs in zip(range(0, S, chunk), runs):
+        for start in range(0, S, chunk):
             part = slice(start, start + chunk)
             ta = clock.mark()
+            b = self.stage(batch, part, CHUNKED)
+            runs = ResetFreeRuns.of(first[part]).to(self.device)
             with autocast:
-                logp, entropy, value = policy.evaluate(b["obs"][part], b["mask"][part], b["actions"][part],
-                                                       b["h0"][part], b["c0"][part], b["first"][part], part_runs)
-            w = active[part]
-            pg, kl = losses.ppo_policy_loss(logp, b["logp"][part], adv[part], s.clip, w, total)
-            vl = losses.value_loss(value, b["returns"][part] / scale, own[part], own_total,
-                                   old=b["values"][part] / scale, clip=s.value_clip)
-            ent = losses.masked_mean(entropy, w, total)
+                logp, entropy, value = policy.evaluate(b["obs"], b["mask"], b["actions"], b["h0"], b["c0"],
+                                                       b["first"], runs)
+            wa = active[part]
+            pg, kl = losses.ppo_policy_loss(logp, b["logp"], adv[part], s.clip, wa, total)
+            vl = losses.value_loss(value, w["returns"][part] / scale, own[part], own_total,
+                                   old=b["values"] / scale, clip=s.value_clip)
+            ent = losses.masked_mean(entropy, wa, total)
             tb = clock.mark()
             (pg + s.value_coef * vl - ent_coef * ent).backward()
             forward.append((ta, tb))
             backward.append((tb, clock.mark()))
             diag += torch.stack([pg, vl, ent, kl["approx_kl"], kl["clip_fraction"]]).detach()
             values.append(value.detach())
+            # The normalizer moves after the losses, on these sums: chunk by chunk, so float64 copies of the
+            # observations never exist for more than one chunk.
+            obs_sums += losses.shifted_sums(b["obs"], torch.ones(b["obs"].shape[:-1], device=self.device), norm.mean)
+        # Every rank must skip the same updates, or their parameters drift apart: a rank whose losses were not
+        # finite says so in the gradients' collective, and the rest of the checks read pooled values.
+        local_flags = torch.cat([obs_sums.reshape(-1), (~diag.isfinite().all()).double().reshape(1)])
         ta = clock.mark()
         if self.all_reduce is not None:
-            self.all_reduce(self.params)
+            self.all_reduce(self.params, extra=[local_flags])
         tb = clock.mark()
+        obs_sums, nonfinite = local_flags[:-1].reshape(3, -1), local_flags[-1]
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, s.max_grad_norm)
         count, mean, m2 = losses.moments_of_sums(obs_sums, norm.mean)
         new_norm = norm.merged(mean, m2 / count.clamp(min=1e-12), count * self.world_size)
@@ -231,9 +232,13 @@ class Learner:
         new_scale = (torch.sqrt(0.99 * policy.return_scale**2 + 0.01 * ret_sq.clamp(min=1e-8)).clamp(min=1e-3)
                      if s.normalize_returns else policy.return_scale)
         # The normalizers are used in float32: they must be finite there too.
-        checks = torch.stack([grad_norm.isfinite(), diag.isfinite().all(), new_norm[1].float().isfinite().all(),
-                              new_norm[2].float().isfinite().all(), new_scale.float().isfinite()])
-        finite = self._agree_finite(bool(checks.all()))
+        checks = torch.stack([grad_norm.isfinite(), nonfinite == 0, new_norm[1].float().isfinite().all(),
+                              new_norm[2].float().isfinite().all(), new_scale.float().isfinite()]).all()
+        ev = losses.explained_variance(torch.cat(values) * scale, w["returns"], own)
+        # The update's one wait for the device: the decision and every figure in one read.
+        figures = torch.cat([checks.float().reshape(1), diag, grad_norm.reshape(1).float(),
+                             ev.reshape(1).float()]).tolist()
+        finite = figures[0] == 1.0
         if finite:
             self.adam.step()
             self._move_normalizers(new_norm, new_scale)
@@ -241,9 +246,7 @@ class Learner:
         else:
             self.skipped += 1
         self.adam.zero_grad(set_to_none=True)
-        ev = losses.explained_variance(torch.cat(values) * scale, b["returns"], own)
-        figures = torch.cat([diag, grad_norm.reshape(1).float(), ev.reshape(1).float()]).tolist()
-        stats = dict(zip((*DIAGNOSTICS, "grad_norm", "explained_variance"), figures))
+        stats = dict(zip((*DIAGNOSTICS, "grad_norm", "explained_variance"), figures[1:]))
         end = clock.mark()
         return {**stats, "entropy_coef": ent_coef, "lr": lr, "skipped": float(not finite),
                 "update_s": time.perf_counter() - t0, "forward_s": clock.seconds(forward),

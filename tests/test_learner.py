@@ -20,7 +20,7 @@ class GradRecorder:
     def __init__(self):
         self.grads: dict[str, torch.Tensor] = {}
 
-    def __call__(self, params):
+    def __call__(self, params, extra=()):
         self.grads = {str(i): p.grad.detach().clone() for i, p in enumerate(params)}
 
 

@@ -165,6 +165,41 @@ def test_optimizer_ranks_end_the_run_with_bit_identical_parameters(tmp_path, ran
     assert [r["update"] for r in log] == list(range(1, 7))
 
 
+def test_a_rank_without_data_for_longer_than_the_collective_timeout_holds_the_others_back(tmp_path):
+    """Rank 1's shard stays empty for three collective timeouts while rank 0 has data: rank 1 checks in with
+    the others every round instead of waiting in silence while rank 0 waits in a collective (under NCCL the
+    watchdog would kill the job; gloo raises), and once its data comes both ranks train in step."""
+    timeout_s = 4.0
+    config = write_config(tmp_path, updates=3)
+    store = LocalStore(tmp_path / "run" / "store")
+    shape = connect_four_shape(load_config(config))
+    now_ms = int(time.time() * 1000)
+
+    def put(shard: int, seq: int) -> None:
+        key = experience_key(shard, now_ms + seq, "w0", "a", seq)
+        store.put(key, encode_experience(make_experience(shape, "w0", seq, samples=64)))
+
+    for seq in range(2):
+        put(0, seq)
+    ranks = subprocess.Popen(mpiexec(2, sys.executable, str(SCRIPTS / "optimizer_ranks.py"), str(config),
+                                     str(timeout_s)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=child_env())
+    try:
+        time.sleep(3 * timeout_s)
+        assert ranks.poll() is None, ranks.communicate()[1][-3000:]
+        for seq in range(2, 4):
+            put(1, seq)
+        out, err = ranks.communicate(timeout=120)
+    finally:
+        if ranks.poll() is None:
+            ranks.kill()
+    assert ranks.returncode == 0, err[-3000:]
+    (line,) = [x for x in out.splitlines() if x.startswith("RESULT ")]
+    seen = json.loads(line[len("RESULT "):])
+    assert all(r["exit"] == 0 and r["updates"] == 3 for r in seen), seen
+    assert len({r["params"] for r in seen}) == 1, "parameters differ across ranks"
+
+
 def test_two_rollout_ranks_and_two_optimizer_ranks_against_s3(tmp_path, s3_server, monkeypatch):
     bucket = f"rapid-e2e-{os.getpid()}"
     boto3.client("s3", endpoint_url=s3_server, **{k.lower(): v for k, v in DUMMY_CREDENTIALS.items()

@@ -37,6 +37,7 @@ from rapid.opt.learner import Learner, allow_tf32, precision_settings
 from rapid.param_store import ParameterStore
 from rapid.publisher import BackgroundWriter
 from rapid.roles.league_keeper import LeagueKeeper
+from rapid.roles.lockstep import Agreement, WaitNotice, wait_for_batch, wait_round_s
 from rapid.roles.optimizer_report import OptimizerReport
 from rapid.roles.startup import JsonlLog, StopFlag, build_policy, env_spec, open_run_store, setup_logging, start_metrics
 from rapid.store_map import EXPERIENCE_PREFIX, read_layout, write_layout
@@ -52,20 +53,6 @@ def pick_device(cfg: Config, rank: Identity) -> tuple[torch.device, str]:
     except LayoutError as e:
         raise UsageError(str(e)) from None
     return torch.device(where), backend
-
-
-class Agreement:
-    """Every rank must leave the update loop, and publish, on the same iteration, or the others hang in a
-    collective; rank 0's clock decides when a version is due. One all-reduce per update carries both."""
-
-    def __init__(self, ctx, lead: bool):
-        self.ctx, self.lead = ctx, lead
-
-    def decide(self, local_stop: bool, publish_due: bool) -> tuple[bool, bool]:
-        if self.ctx is None:
-            return local_stop, publish_due
-        merged = self.ctx.all_reduce_scalars({"stop": float(local_stop), "publish": float(self.lead and publish_due)})
-        return merged["stop"] > 0.0, merged["publish"] > 0.0
 
 
 @dataclass
@@ -125,7 +112,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
     allow_tf32(tf32)
     learner = Learner(policy, cfg.ppo, device, microbatch_samples=cfg.optimizer.microbatch_samples, bf16=bf16,
                       all_reduce=ctx.all_reduce_gradients if ctx else None,
-                      all_reduce_scalars=ctx.all_reduce_scalars if ctx else None, world_size=rank.size)
+                      all_reduce_mean=ctx.all_reduce_mean_ if ctx else None, world_size=rank.size)
     if lead:
         log.info("learner on %s in %s (optimizer.precision = %s)", device, "bfloat16" if bf16 else "float32",
                  precision)
@@ -180,12 +167,18 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
     started, last_publish = time.time(), time.monotonic()
     last_ckpt_updates = published_updates = learner.updates
     failed_in_row, exit_code = 0, 0
+    round_s = wait_round_s(ctx.timeout_s if ctx is not None else math.inf)
+    pending = None  # a batch held while another rank has none yet
+    t_wait = None  # when the wait for the next batch began
+    waiting = WaitNotice(log, store.describe(), time.monotonic())
     try:
         while True:
-            # 1. sample: a batch of fresh experience (waits for the loader; stops on request or limits)
-            t_wait = time.perf_counter()
-            batch = _wait_for_batch(buffer, balancer.batch, pos.version, rng, settings.target_reuse, stop, loader,
-                                    started + 60 * cfg.run.minutes if cfg.run.minutes else math.inf)
+            # 1. sample: a batch of fresh experience (waits for the loader at most a round; stops on request or
+            # limits)
+            t_wait = t_wait or time.perf_counter()
+            deadline = started + 60 * cfg.run.minutes if cfg.run.minutes else math.inf
+            batch = pending or wait_for_batch(buffer, balancer.batch, pos.version, rng, settings.target_reuse,
+                                               stop, loader, min(deadline, time.time() + round_s))
             if loader.failure and not stop:
                 report.loader_failed(loader.failure)
                 stop.set("loader thread died")
@@ -196,7 +189,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
                 stop.set("minutes")
             due = (publish_due(time.monotonic(), last_publish, settings.publish_interval_s) if cfg.optimizer.balance
                    else (learner.updates + 1) % cfg.optimizer.publish_every == 0)
-            leave, publish = agree.decide(bool(stop) or batch is None, due)
+            leave, publish, everyone_ready = agree.decide(bool(stop), due, ready=batch is not None)
             if leave:
                 if learner.updates > published_updates:  # so the final checkpoint holds a published version
                     version += 1
@@ -206,8 +199,14 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
                     report.version(version)
                 _pool_games(loader, ctx, league, log)
                 break
+            if not everyone_ready:
+                pending = batch
+                waiting.still(loader.stats.objects, time.monotonic())
+                continue
+            pending = None
+            waiting.over(time.monotonic())
             arrays, staleness = batch
-            wait_s = time.perf_counter() - t_wait
+            wait_s, t_wait = time.perf_counter() - t_wait, None
             # 2. update: one bad batch is skipped, never the end of the job
             t_update = time.perf_counter()
             try:
@@ -275,16 +274,6 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
     return exit_code
 
 
-def _wait_for_batch(buffer: ExperienceBuffer, size: int, version: int, rng, max_reuse: float, stop: StopFlag,
-                    loader: ExperienceLoader, deadline: float):
-    """A batch, or None once asked to stop, past the run's time limit, or the loader is gone."""
-    while not stop and loader.failure is None and time.time() < deadline:
-        batch = buffer.sample(size, version, rng, max_reuse, timeout=0.5)
-        if batch is not None:
-            return batch
-    return None
-
-
 def _balance_inputs(b) -> dict[str, int]:
     return {"received": b.received, "consumed": b.consumed, "wasted": b.dropped_stale + b.evicted_unused,
             "backlog": b.unused}
@@ -306,9 +295,13 @@ def _publish(writer: BackgroundWriter, params: ParameterStore, league, tensors, 
 
 
 def _snapshot(learner: Learner, version: int) -> Checkpoint:
-    """A checkpoint of the live weights and Adam state, copied: the writer encodes it while training goes on."""
-    adam = copy.deepcopy(learner.adam.state_dict())
-    return Checkpoint.from_torch(version, learner.updates, learner.policy.tensors(), adam)
+    """A checkpoint of the live weights and Adam state, copied to host memory (a GPU's moments are not
+    duplicated on the GPU first): the writer encodes it while training goes on."""
+    adam = learner.adam.state_dict()
+    state = {k: {name: (v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v) for name, v in s.items()}
+             for k, s in adam["state"].items()}
+    return Checkpoint.from_torch(version, learner.updates, learner.policy.tensors(),
+                                 {"state": state, "param_groups": copy.deepcopy(adam["param_groups"])})
 
 
 def _write_layout(store, cfg: Config, world: int, resume: bool, log) -> None:

@@ -29,7 +29,7 @@ def main() -> None:
     with abort_on_error(identity), init_process_group(identity, backend="gloo", timeout=60) as dist:
         settings = PPOConfig(lr=1e-2)
         learner = Learner(make_policy(), settings, all_reduce=dist.all_reduce_gradients,
-                          all_reduce_scalars=dist.all_reduce_scalars, world_size=dist.size)
+                          all_reduce_mean=dist.all_reduce_mean_, world_size=dist.size)
         batches = [batch_of(r) for r in range(dist.size)]
         learner.update(batches[dist.rank])
         norm = learner.policy.obs_norm

@@ -6,7 +6,7 @@ that only remembers its instance (the real learner, real all-reduce, real data f
 after the run ends by itself at ``run.updates``, gathers a digest of every rank's weights, normalizer
 buffers and Adam state. Rank 0 prints one JSON line, ``RESULT {...}``; any failure aborts the job.
 
-Usage: ``mpiexec -n 2 python optimizer_ranks.py CONFIG.toml``
+Usage: ``mpiexec -n 2 python optimizer_ranks.py CONFIG.toml [COLLECTIVE_TIMEOUT_S]``
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def adam_digest(adam) -> str:
                    if hasattr(v, "detach")})
 
 
-def main(config_path: str) -> None:
+def main(config_path: str, timeout_s: float = 120.0) -> None:
     from mpi4py import MPI
 
     import rapid.roles.optimizer
@@ -54,7 +54,7 @@ def main(config_path: str) -> None:
     with abort_on_error(identity):
         # A CPU learner with gloo, named: on a GPU host the defaults would be a GPU learner with NCCL.
         cfg = load_config(config_path, ["optimizer.device=cpu"])
-        with init_process_group(identity, backend="gloo", timeout=120) as ctx:
+        with init_process_group(identity, backend="gloo", timeout=timeout_s) as ctx:
             assert ctx.backend == "gloo", ctx.backend
             stop = StopFlag(install_signals=False)
             code = rapid.roles.optimizer.run_optimizer(cfg, rank=identity, ctx=ctx, stop=stop)
@@ -67,4 +67,4 @@ def main(config_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], *map(float, sys.argv[2:3]))

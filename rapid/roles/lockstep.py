@@ -1,0 +1,107 @@
+"""How the optimizer's ranks keep in lock step: they agree on every iteration whether to leave, to publish
+and to update, and no rank waits for a batch longer than a round, so its peers never wait in a collective
+longer than its timeout (NCCL's watchdog kills the process; gloo raises).
+
+Usage::
+
+    >>> agree = Agreement(ctx=None, lead=True)      # one process: its own answers; with ranks, one all-reduce
+    >>> agree.decide(local_stop=False, publish_due=True, ready=False)   # (leave, publish, everyone ready)
+    (False, True, False)
+    >>> wait_round_s(collective_timeout_s=600.0)    # the longest wait for a batch between two agreements
+    5.0
+
+The update loop of each rank (``rapid/roles/optimizer.py``)::
+
+    agree, round_s = Agreement(ctx, lead), wait_round_s(ctx.timeout_s)
+    pending = None
+    while True:
+        batch = pending or wait_for_batch(buffer, ..., deadline=time.time() + round_s)
+        leave, publish, everyone_ready = agree.decide(bool(stop), due, ready=batch is not None)
+        if leave: break
+        if not everyone_ready:
+            pending = batch     # kept for the next round; the update waits for every rank
+            continue
+        pending = None
+        learner.update(batch)   # every rank, in step
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from rapid.loader import ExperienceLoader
+from rapid.opt.buffer import ExperienceBuffer
+from rapid.roles.startup import StopFlag
+
+WAIT_ROUND_S = 5.0  # longest wait for a batch between two agreements of the ranks
+QUIET_WAIT_S = 15.0  # waiting this long for a batch gets a line, then one every NOTICE_EVERY_S
+NOTICE_EVERY_S = 60.0
+
+
+class Agreement:
+    """Every rank must leave the update loop, update, and publish on the same iteration, or the others hang in
+    a collective; rank 0's clock decides when a version is due, and a rank without a batch yet holds every
+    rank back for a round. One all-reduce per round carries all three."""
+
+    def __init__(self, ctx, lead: bool):
+        self.ctx, self.lead = ctx, lead
+
+    def decide(self, local_stop: bool, publish_due: bool, ready: bool = True) -> tuple[bool, bool, bool]:
+        """(leave, publish, every rank has a batch)."""
+        if self.ctx is None:
+            return local_stop, publish_due, ready
+        merged = self.ctx.all_reduce_scalars({"stop": float(local_stop), "publish": float(self.lead and publish_due),
+                                              "waiting": float(not ready)})
+        return merged["stop"] > 0.0, merged["publish"] > 0.0, merged["waiting"] == 0.0
+
+
+def wait_round_s(collective_timeout_s: float) -> float:
+    """How long a rank waits for a batch before it checks in with the others: well inside the collective
+    timeout, which its peers spend waiting for it in the agreement (NCCL's watchdog would kill them).
+
+    >>> wait_round_s(600.0), wait_round_s(8.0)
+    (5.0, 2.0)
+    """
+    return min(WAIT_ROUND_S, collective_timeout_s / 4)
+
+
+def wait_for_batch(buffer: ExperienceBuffer, size: int, version: int, rng, max_reuse: float, stop: StopFlag,
+                   loader: ExperienceLoader, deadline: float):
+    """A batch, or None at ``deadline`` (the end of the round or of the run), once asked to stop, or when the
+    loader is gone."""
+    while not stop and loader.failure is None and time.time() < deadline:
+        batch = buffer.sample(size, version, rng, max_reuse, timeout=0.5)
+        if batch is not None:
+            return batch
+    return None
+
+
+class WaitNotice:
+    """A line when the optimizer has waited ``QUIET_WAIT_S`` for a batch (then one a minute), and one when the
+    wait ends: an optimizer started before its rollout workers must not sit in silence."""
+
+    def __init__(self, log: logging.Logger, store: str, now: float):
+        self.log, self.store = log, store
+        self.since: float | None = now
+        self.next_line = now + QUIET_WAIT_S
+        self.spoke = False
+
+    def still(self, objects_loaded: int, now: float) -> None:
+        if self.since is None:
+            self.since, self.next_line = now, now + QUIET_WAIT_S
+        if now < self.next_line:
+            return
+        self.next_line, self.spoke = now + NOTICE_EVERY_S, True
+        waited = now - self.since
+        if objects_loaded == 0:
+            self.log.info("waiting for experience for %.0fs: none in %s yet (are rollout workers running "
+                          "against this store?)", waited, self.store)
+        else:
+            self.log.info("waiting for a batch for %.0fs: %d experience object(s) loaded by this rank so far",
+                          waited, objects_loaded)
+
+    def over(self, now: float) -> None:
+        if self.spoke:
+            self.log.info("experience arrived after %.0fs; training", now - self.since)
+        self.since, self.spoke = None, False
