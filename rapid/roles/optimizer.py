@@ -168,6 +168,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
     last_ckpt_updates = published_updates = learner.updates
     failed_in_row, exit_code = 0, 0
     round_s = wait_round_s(ctx.timeout_s if ctx is not None else math.inf)
+    deadline = started + 60 * cfg.run.minutes if cfg.run.minutes else math.inf
     pending = None  # a batch held while another rank has none yet
     t_wait = None  # when the wait for the next batch began
     waiting = WaitNotice(log, store.describe(), time.monotonic())
@@ -176,7 +177,6 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
             # 1. sample: a batch of fresh experience (waits for the loader at most a round; stops on request or
             # limits)
             t_wait = t_wait or time.perf_counter()
-            deadline = started + 60 * cfg.run.minutes if cfg.run.minutes else math.inf
             batch = pending or wait_for_batch(buffer, balancer.batch, pos.version, rng, settings.target_reuse,
                                                stop, loader, min(deadline, time.time() + round_s))
             if loader.failure and not stop:
@@ -195,7 +195,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
                     version += 1
                     if lead:
                         _publish(writer, params, league, policy.tensors(), version, learner.updates, stop, log,
-                                 o.keep_versions)
+                                 o.keep_versions, deadline)
                     report.version(version)
                 _pool_games(loader, ctx, league, log)
                 break
@@ -235,7 +235,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
                 last_publish, published_updates = time.monotonic(), learner.updates
                 if lead:
                     _publish(writer, params, league, policy.tensors(), version, learner.updates, stop, log,
-                                 o.keep_versions)
+                                 o.keep_versions, deadline)
                 report.version(version)
                 # 4. league: every rank's games since the last version, pooled; rank 0 folds them off this thread
                 _pool_games(loader, ctx, league, log)
@@ -244,7 +244,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
                 ckpt = _snapshot(learner, version)
                 writer.submit(f"checkpoint v{version}", lambda ckpt=ckpt: _until_stored(
                     f"checkpoint v{ckpt.version}", lambda: save_checkpoint(store, ckpt, o.keep_checkpoints),
-                    stop, log))
+                    stop, log, deadline))
                 last_ckpt_updates = learner.updates
             decision = balancer.step(time.monotonic(), **_balance_inputs(buffer.stats()), busy_s=busy_s)
             report.update(learner.updates, version, stats, staleness, decision, wait_s)
@@ -280,12 +280,12 @@ def _balance_inputs(b) -> dict[str, int]:
 
 
 def _publish(writer: BackgroundWriter, params: ParameterStore, league, tensors, version: int, updates: int,
-             stop: StopFlag, log, keep: int) -> None:
+             stop: StopFlag, log, keep: int, deadline: float) -> None:
     """Queue version ``version`` (a copy of the weights): the object, then LATEST, then the league snapshot;
     versions older than the newest ``keep`` are deleted (0: none)."""
     def job():
         _until_stored(f"publishing v{version}", lambda: params.publish(version, tensors, {"updates": updates}),
-                      stop, log)
+                      stop, log, deadline)
         league.after_publish(version, tensors)
         try:
             params.prune(version, keep)
@@ -348,15 +348,20 @@ def _reason(message: str) -> str:
     return "invalid"
 
 
-def _until_stored(what: str, write, stop: StopFlag, log, first_wait_s: float = 1.0, max_wait_s: float = 30.0):
+def _until_stored(what: str, write, stop: StopFlag, log, deadline: float = math.inf, first_wait_s: float = 1.0,
+                  max_wait_s: float = 30.0):
     """Retry ``write`` through a store outage, with doubling waits: botocore's own retries cover seconds,
     an outage can last minutes, and giving up would lose the version (or crash the job). Once asked to
-    stop, the next failure is raised instead (the role then exits with one line)."""
+    stop, the next failure is raised instead (the role then exits with one line). Past ``deadline`` (the
+    run's time limit, wall clock) that is a request to stop: the update loop may be held at its next
+    ``submit`` behind this write, where it cannot see the limit itself."""
     wait = first_wait_s
     while True:
         try:
             return write()
         except StoreError as e:
+            if not stop and time.time() >= deadline:
+                stop.set("minutes")
             if stop:
                 raise
             log.warning("%s failed, retrying in %.0fs: %s", what, wait, e)
