@@ -3,6 +3,7 @@
     python benchmarks/bench_learner.py --device cuda                    # both models, 8,192 samples × 16 steps
     python benchmarks/bench_learner.py --device cpu --samples 512 --repeat 3
     python benchmarks/bench_learner.py --device cpu --models c4-bptt16 c4-bptt8 --samples 256 --threads 1
+    python benchmarks/bench_learner.py --device cpu --memory --samples 1024 --microbatch 128   # peak memory
 
 For each model (the shipped moba-5v5 model from configs/moba-5v5.toml, the same with a 1,024-unit encoder and
 LSTM, and on request connect four's from configs/default.toml with samples of 16 or 8 decisions) it times
@@ -10,6 +11,11 @@ LSTM, and on request connect four's from configs/default.toml with samples of 16
 the batch handed over as numpy arrays, as the optimizer does) and the reference: encoder + one cuDNN/ATen
 ``nn.LSTM`` call over the whole [S, T] batch + heads, forward, backward and Adam (without the convolutions of
 a board model). Prints samples/s and decisions/s of both and their ratio.
+
+``--memory`` prints instead the peak memory one update allocates on the device beyond what it held before
+(weights, Adam's moments), for the whole batch at once and for ``--microbatch`` chunks: the figure
+``docs/cluster.md`` states per sample. On CUDA it is the caching allocator's peak; on the CPU the peak of the
+allocations torch's profiler records (the batch itself is numpy memory handed over without a copy there).
 """
 
 from __future__ import annotations
@@ -104,6 +110,43 @@ def bench(name: str, device: torch.device, samples: int, repeat: int, game_steps
             "bptt": cfg.rollout.bptt}
 
 
+def peak_bytes(step, device: torch.device) -> int:
+    """The most bytes ``step`` holds allocated at once on ``device``, beyond what was allocated before."""
+    step()  # warm-up: Adam's moments and the allocator's pools exist before the measured call
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        step()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    now = peak = 0
+    for e in events:  # allocations positive, frees negative
+        now += e.nbytes()
+        peak = max(peak, now)
+    return peak
+
+
+def memory(name: str, device: torch.device, samples: int, microbatch: int) -> None:
+    path, overrides, game_steps = MODELS[name]
+    cfg = load_config(path, overrides=overrides)
+    spec = env_spec(cfg)
+    batch = make_batch(spec, cfg, samples, game_steps, np.random.default_rng(0))
+    obs_mb = batch["obs"].nbytes / 2**20
+    for chunk in (0, microbatch):
+        learner = Learner(build_policy(cfg, spec), cfg.ppo, device, microbatch_samples=chunk)
+        peak = peak_bytes(lambda: learner.update(batch), device)
+        print(f"{name:<10} microbatch {chunk or samples:>6}: peak {peak / 2**20:>9,.1f} MiB "
+              f"({peak / 2**10 / (chunk or samples):>7,.1f} KiB per sample of the chunk; observations of the "
+              f"whole batch {obs_mb:,.1f} MiB)", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
@@ -115,12 +158,18 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true",
                         help="the learner under bfloat16 autocast (CUDA, or a CPU with bfloat16 units)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--memory", action="store_true", help="print the peak memory of one update instead")
+    parser.add_argument("--microbatch", type=int, default=256, help="chunk size compared with --memory")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.exit(2, "bench_learner.py: --device cuda but CUDA is not available\n")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if args.memory:
+        for name in args.models:
+            memory(name, device, args.samples, args.microbatch)
+        return
     print(f"device={device} samples={args.samples} repeat={args.repeat} bf16={args.bf16} "
           f"threads={torch.get_num_threads()}")
     print(f"{'model':<10} {'':<14} {'samples/s':>10} {'decisions/s':>12} {'ratio':>6}   {'per CPU-second':>14} "
