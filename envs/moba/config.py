@@ -34,6 +34,10 @@ class MobaConfig:
     """Game time one env step covers (the env spec's seconds_per_step)."""
     k_creeps: int = 4
     """Nearest creeps of each side in a hero's observation and target slots."""
+    observe_cooldowns: bool = False
+    """Each hero also sees the attack and ability cooldowns of every hero it sees (enemies while visible, allies
+    while alive): 4 features per hero slot, appended at the end of the observation so a run can be carried
+    over by surgery (``rapid surgery``: the new columns start with zero weights)."""
 
     # --- raw reward weights (team spirit and zero-sum mixing happen in the rollout worker)
     reward_win: float = 1.0

@@ -10,6 +10,11 @@ in the same order, so a slot's features and its target are the same unit.
 
 Fog of war: enemy heroes and creeps are present in a hero's view only while some unit of its side sees
 them (within that unit's sight radius). Structures are always known.
+
+Layout of the observation: the hero's own features, the slots' features (feature-major), level, stun and mana
+of the hero slots, the clock; with ``observe_cooldowns``, the attack, nuke, stun and heal cooldowns of the hero
+slots last. Option groups are appended after everything a run without them sees, so the columns of an older
+run keep their meaning and surgery only adds columns.
 """
 
 from __future__ import annotations
@@ -23,12 +28,17 @@ SELF_FEATURES = 15
 SLOT_FEATURES = 6
 HERO_EXTRA = 3
 TIME_FEATURES = 2
+COOLDOWN_FEATURES = 4
+"""Per hero slot with ``observe_cooldowns``: attack, nuke, stun and heal cooldown, each as a fraction of its full
+length."""
 
 
 def layout_dims(cfg: MobaConfig, lay: Layout) -> tuple[int, tuple[int, int, int]]:
     """(obs_dim, action_heads) of a config."""
     T = 2 * lay.n + 2 * cfg.k_creeps + lay.S_side
     obs_dim = SELF_FEATURES + T * SLOT_FEATURES + 2 * lay.n * HERO_EXTRA + TIME_FEATURES
+    if cfg.observe_cooldowns:
+        obs_dim += 2 * lay.n * COOLDOWN_FEATURES
     return obs_dim, (NUM_TYPES, NUM_DIRS, T)
 
 
@@ -197,8 +207,17 @@ class Observer:
         for side in range(2):  # the heroes of one side all list the heroes in the same order
             rows = slice(side * n, (side + 1) * n)
             np.multiply(per_hero[:, None, :, self.hero_units[side * n]], hv[:, rows], out=block[:, rows])
+        base += 2 * n * HERO_EXTRA
         t = st.step_count[:, None].astype(np.float32)
         period = cfg.wave_period / cfg.seconds_per_step
-        obs[:, :, -2] = t / cfg.max_steps
-        obs[:, :, -1] = 1.0 - (t % period) / period
+        obs[:, :, base] = t / cfg.max_steps
+        obs[:, :, base + 1] = 1.0 - (t % period) / period
+        if cfg.observe_cooldowns:
+            base += TIME_FEATURES
+            cooldowns = np.concatenate([st.atk_cd[:, None, :H] / cfg.hero_cooldown,
+                                        (st.ability_cd / self.ability_cooldowns).transpose(0, 2, 1)], axis=1)
+            block = obs[:, :, base:base + 2 * n * COOLDOWN_FEATURES].reshape(B, H, COOLDOWN_FEATURES, 2 * n)
+            for side in range(2):
+                rows = slice(side * n, (side + 1) * n)
+                np.multiply(cooldowns[:, None, :, self.hero_units[side * n]], hv[:, rows], out=block[:, rows])
         return obs, mask.copy(), can_act
