@@ -43,7 +43,7 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 
-from rapid.monitoring.targets import collect_targets, register_process, write_file_sd
+from rapid.monitoring.targets import collect_targets, register_process, unregister_process, write_file_sd
 
 __all__ = [
     "RolloutMetrics", "OptimizerMetrics", "EvaluatorMetrics", "LauncherMetrics", "RoleMetrics",
@@ -150,6 +150,7 @@ class RoleMetrics:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         self._labels = (self.role, str(self.rank), self.run)
         self._server = None
+        self._registration = None
         self._gauge("rapid_process_start_time_seconds", "Unix time the process started its role.").set(time.time())
 
     # Definitions: every metric gets the base labels, plus `extra` label names bound later by the caller.
@@ -202,10 +203,14 @@ class RoleMetrics:
         if run_dir is not None:
             # A wildcard bind is reachable from other hosts under this host's name, not under 0.0.0.0.
             host = socket.gethostname() if addr in ("", "0.0.0.0", "::") else addr
-            register_process(run_dir, self.role, self.rank, bound, host=host)
+            self._registration = register_process(run_dir, self.role, self.rank, bound, host=host, run=self.run)
         return bound
 
     def close(self) -> None:
+        """Stop serving; a clean stop also removes the registration (a process that dies leaves it: up == 0)."""
+        if self._registration is not None:
+            unregister_process(self._registration, self._server.server_port)
+            self._registration = None
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

@@ -37,6 +37,8 @@ import urllib.request
 from pathlib import Path
 from typing import TextIO
 
+import tomllib
+
 from rapid.monitoring.targets import collect_targets, write_file_sd
 
 HERE = Path(__file__).resolve().parent
@@ -84,7 +86,34 @@ def render_config(targets_file: str | os.PathLike, rules_file: str | os.PathLike
 def refresh_targets(run_dir: str | os.PathLike, run: str | None = None) -> Path:
     """Regenerate ``<run_dir>/metrics/targets.json`` from the processes registered so far."""
     run_dir = Path(run_dir)
-    return write_file_sd(collect_targets(run_dir), run_dir / "metrics" / "targets.json", run or run_dir.name)
+    return write_file_sd(collect_targets(run_dir), run_dir / "metrics" / "targets.json", run or run_name(run_dir))
+
+
+def run_name(run_dir: str | os.PathLike) -> str:
+    """The ``run`` label of a run's series: the run.name its processes registered with, else the one in its
+    config.toml, else the folder's name (processes label their series with run.name, never with the folder)."""
+    run_dir = Path(run_dir)
+    names = sorted({t["run"] for t in collect_targets(run_dir) if t["run"]})
+    if names:
+        return names[0]
+    try:
+        with open(run_dir / "config.toml", "rb") as f:
+            name = tomllib.load(f).get("run", {}).get("name", "run")
+    except (OSError, tomllib.TOMLDecodeError, AttributeError):  # no config.toml, or not one of rapid's
+        return run_dir.name
+    return str(name)
+
+
+def answering(targets: list[dict], timeout: float = 0.5) -> int:
+    """How many of ``targets`` accept a connection on their metrics port now."""
+    up = 0
+    for t in targets:
+        try:
+            with socket.create_connection((t["host"], t["port"]), timeout=timeout):
+                up += 1
+        except OSError:
+            pass  # dead, or not reachable from here: Prometheus shows it as up == 0
+    return up
 
 
 class PrometheusProcess(subprocess.Popen):
@@ -227,6 +256,7 @@ def run_monitor(run_dir: str | os.PathLike, port: int = 9090, scrape_interval: s
     ``refresh_s``; Prometheus' file_sd notices the change by itself.
     """
     run_dir = Path(run_dir)
+    run = run or run_name(run_dir)
     proc = start_prometheus(run_dir, port, scrape_interval, run)
     try:
         try:
@@ -235,20 +265,13 @@ def run_monitor(run_dir: str | os.PathLike, port: int = 9090, scrape_interval: s
             stream.write(f"error: {exc}\n")
             return 1
         stream.write(
-            f"Prometheus: {proc.url} (scraping {len(collect_targets(run_dir))} processes of {run_dir}; "
-            f"targets {run_dir / 'metrics' / 'targets.json'})\n"
+            f"Prometheus: {proc.url} ({_scraping(run_dir)}; targets {run_dir / 'metrics' / 'targets.json'})\n"
             f"Alerts:     {proc.url}/alerts\n"
             f"Grafana:    Dashboards > New > Import > upload {DASHBOARD_PATH}, pick a Prometheus data source "
-            f"pointing at {proc.url}, choose run '{run or run_dir.name}'\n"
+            f"pointing at {proc.url}, choose run '{run}'\n"
             f"Ctrl-C to stop.\n")
         stream.flush()
-        known = collect_targets(run_dir)
-        while proc.poll() is None:
-            time.sleep(refresh_s)
-            current = collect_targets(run_dir)
-            if current != known:  # rewrite only on change: every write makes Prometheus re-read the list
-                write_file_sd(current, run_dir / "metrics" / "targets.json", run or run_dir.name)
-                known = current
+        _keep_targets(run_dir, run, refresh_s, alive=lambda: proc.poll() is None)
         log = proc.config_path.parent / "prometheus.log"
         stream.write(f"prometheus exited with code {proc.returncode}; log: {log}\n")
         return 1
@@ -256,3 +279,36 @@ def run_monitor(run_dir: str | os.PathLike, port: int = 9090, scrape_interval: s
         return 0
     finally:
         proc.stop()
+
+
+def write_targets(run_dir: str | os.PathLike, run: str | None = None, refresh_s: float = 2.0, once: bool = False,
+                  stream: TextIO = sys.stdout) -> int:
+    """`rapid monitor --targets-only`: keep ``<run_dir>/metrics/targets.json`` (file_sd) fresh for a Prometheus
+    that runs elsewhere (a cluster's, reading the run dir on a shared file system), without starting one."""
+    run_dir = Path(run_dir)
+    run = run or run_name(run_dir)
+    path = refresh_targets(run_dir, run)
+    stream.write(f"{path}: {_scraping(run_dir)}, run '{run}'\n")
+    stream.flush()
+    if once:
+        return 0
+    try:
+        _keep_targets(run_dir, run, refresh_s, alive=lambda: True)
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+def _scraping(run_dir: Path) -> str:
+    targets = collect_targets(run_dir)
+    return f"{len(targets)} registered processes of {run_dir}, {answering(targets)} answering now"
+
+
+def _keep_targets(run_dir: Path, run: str, refresh_s: float, alive) -> None:
+    known = collect_targets(run_dir)
+    while alive():
+        time.sleep(refresh_s)
+        current = collect_targets(run_dir)
+        if current != known:  # rewrite only on change: every write makes Prometheus re-read the list
+            write_file_sd(current, run_dir / "metrics" / "targets.json", run)
+            known = current

@@ -7,6 +7,7 @@ one line; neither dumps a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from pathlib import Path
@@ -82,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
         if role == "optimizer":
             p.add_argument("--resume", action="store_true", help="continue from the store's last checkpoint")
         if role == "rollout":
-            p.add_argument("--worker-id", help="worker name (default: from MPI rank or process id)")
+            p.add_argument("--worker-id",
+                           help="worker name (default: RAPID_WORKER_ID, else w<MPI/Slurm rank>, else w<pid>)")
             p.add_argument("--seed", type=int, help="worker seed (default: run.seed and the worker's rank)")
 
     p = sub.add_parser("replay", help="write an animated GIF of one moba match")
@@ -99,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("monitor", help="start a local Prometheus scraping a run's processes")
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--port", type=int, default=9090)
+    p.add_argument("--targets-only", action="store_true",
+                   help="no Prometheus: keep RUN_DIR/metrics/targets.json (file_sd) fresh for one that runs elsewhere")
+    p.add_argument("--once", action="store_true", help="with --targets-only: write the list once and exit")
 
     from rapid.league import cli as league_cli
 
@@ -184,11 +189,10 @@ def cmd_role(args) -> int:
     with abort_on_error(identity):
         cfg = load(args)
         if args.command == "rollout":
-            from rapid.roles.rollout import default_worker_id, run_rollout
+            from rapid.roles.rollout import run_rollout, worker_name
             from rapid.roles.startup import rollout_seed
 
-            worker = (args.worker_id or cfg.rollout.worker_id
-                      or (f"w{identity.rank}" if identity.size > 1 else default_worker_id()))
+            worker = worker_name(args.worker_id or cfg.rollout.worker_id, os.environ, identity)
             if not WORKER_ID.fullmatch(worker):  # it is a folder in the store's keys
                 raise UsageError(f"--worker-id {worker!r}: use 1-64 of A-Z a-z 0-9 . _ -, not starting with . or -")
             # Pods and job-array tasks all have rank 0: their name must tell their games apart.
@@ -206,7 +210,9 @@ def cmd_role(args) -> int:
 
             return run_evaluator(cfg)
         from rapid.roles.optimizer import pick_device, run_optimizer
+        from rapid.roles.startup import check_run_dir
 
+        check_run_dir(cfg)
         _, backend = pick_device(cfg, identity)  # refuses a node with more ranks than GPUs before any rendezvous
         if identity.size == 1:
             return run_optimizer(cfg, resume=args.resume, rank=identity)
@@ -251,8 +257,14 @@ def cmd_report(args) -> int:
 
 
 def cmd_monitor(args) -> int:
-    from rapid.monitoring.prom import find_prometheus, run_monitor
+    from rapid.monitoring.prom import find_prometheus, run_monitor, write_targets
 
+    if not Path(args.run_dir).is_dir():
+        raise UsageError(f"{args.run_dir} is not a run directory")
+    if args.once and not args.targets_only:
+        raise UsageError("--once goes with --targets-only")
+    if args.targets_only:
+        return write_targets(args.run_dir, once=args.once)
     if find_prometheus() is None:
         raise UsageError("prometheus is not installed (Debian: apt-get install prometheus)")
     return run_monitor(args.run_dir, port=args.port)

@@ -15,6 +15,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import re
@@ -38,7 +39,9 @@ class RunConfig:
     name: str = "run"
     """Run name: labels metrics and names the default run directory."""
     dir: str = ""
-    """Run directory (config, local store, checkpoints, logs). Empty: runs/<name>."""
+    """Local run directory (config, logs, metrics registrations; the store too unless store.url is set). Empty:
+    runs/<name>, or runs/<name>-<8 hex digits of store.url> when store.url is set, so runs on different
+    stores never share one."""
     seed: int = 0
     """Base seed; each worker and rank derives its own from it."""
     minutes: float = 0.0
@@ -92,7 +95,8 @@ class RolloutConfig:
     max_backlog_mb: int = 256
     """Megabytes of encoded experience held while the store is unreachable; the oldest go past this."""
     worker_id: str = ""
-    """Worker name in keys and metrics (empty: from MPI rank or 'w<pid>')."""
+    """Worker name in keys and metrics (empty: RAPID_WORKER_ID, '-<rank>' added when several ranks share it;
+    else 'w<rank>' under MPI or Slurm; else 'w<pid>')."""
     node_cache_dir: str = ""
     """Folder the rollout processes of a node share, so a version, a snapshot or the pool is fetched once per
     node ('': <run dir>/node-cache; 'off': every process reads the store itself)."""
@@ -251,13 +255,25 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def derive(self, seconds_per_step: float = 1.0) -> Derived:
-        run_dir = self.run.dir or os.path.join("runs", self.run.name)
+        run_dir = self.run.dir or default_run_dir(self.run.name, self.store.url)
         return Derived(
             gamma=1.0 - seconds_per_step / self.ppo.horizon_s,
             segment_steps=self.rollout.bptt * self.rollout.samples_per_segment,
             run_dir=run_dir,
             store_url=self.store.url or os.path.join(run_dir, "store"),
         )
+
+
+def default_run_dir(name: str, store_url: str) -> str:
+    """The run directory when run.dir is empty: a store of its own gets a folder of its own (its logs, config and
+    metrics registrations never mix with another run's of the same name).
+
+    >>> default_run_dir("c4", ""), default_run_dir("c4", "s3://rapid-runs/exp1")
+    ('runs/c4', 'runs/c4-32a3138b')
+    """
+    if not store_url:
+        return os.path.join("runs", name)
+    return os.path.join("runs", f"{name}-{hashlib.sha256(store_url.encode()).hexdigest()[:8]}")
 
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}

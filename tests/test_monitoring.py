@@ -248,7 +248,7 @@ def test_run_monitor_starts_prometheus_and_stops_on_ctrl_c(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         lines = [proc.stdout.readline() for _ in range(4)]
-        assert lines[0].startswith("Prometheus: http://127.0.0.1:") and "1 processes" in lines[0], lines
+        assert lines[0].startswith("Prometheus: http://127.0.0.1:") and "1 registered processes" in lines[0], lines
         assert "grafana-dashboard.json" in lines[2]
         url = lines[0].split()[1]
         assert prom.query(url, "vector(1)")

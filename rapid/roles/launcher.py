@@ -29,7 +29,7 @@ from rapid.config import Config, to_toml
 from rapid.errors import UsageError
 from rapid.monitoring.metrics import LauncherMetrics
 from rapid.progress import Progress, RunLogs, final_summary
-from rapid.roles.startup import StopFlag, log_to_file, rollout_seed, start_metrics
+from rapid.roles.startup import StopFlag, check_run_dir, log_to_file, rollout_seed, start_metrics
 
 PR_SET_PDEATHSIG = 1
 
@@ -131,6 +131,7 @@ def prepare_run_dir(cfg: Config, resume: bool) -> Path:
         raise UsageError(f"--resume: {run_dir} holds no run to resume")
     if not resume and has_params:
         raise UsageError(f"{run_dir} already holds a run: add --resume to continue it, or pick another --run-dir")
+    check_run_dir(cfg)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(to_toml(cfg))
     return run_dir

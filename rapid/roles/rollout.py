@@ -1,7 +1,7 @@
 """The rollout role: all the wiring of one rollout worker process, top to bottom.
 
-Rollout workers use no collectives: one dying or joining late disturbs nobody. Identity comes from the
-config (``rollout.worker_id``), else the MPI rank when started by mpiexec, else the process id.
+Rollout workers use no collectives: one dying or joining late disturbs nobody. Their names come from
+:func:`worker_name`.
 """
 
 from __future__ import annotations
@@ -10,12 +10,14 @@ import os
 import random
 import threading
 import time
+from collections.abc import Mapping
 
 import torch
 
 from rapid.config import Config
 from rapid.envs.registry import make_env
 from rapid.errors import FormatError
+from rapid.infra.distributed import Identity
 from rapid.infra.store import BadObject, KeyNotFound, StoreError
 from rapid.league import League
 from rapid.monitoring.metrics import RolloutMetrics
@@ -253,8 +255,18 @@ class ParamPoller:
         self.log.warning("parameter refresh failed, %s: %s", held, why)
 
 
-def default_worker_id() -> str:
-    for var in ("RAPID_WORKER_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
-        if os.environ.get(var):
-            return f"w{os.environ[var]}"
-    return f"w{os.getpid()}"
+def worker_name(given: str, env: Mapping[str, str], identity: Identity) -> str:
+    """A rollout worker's name, in the order docs/cluster.md gives: ``given`` (--worker-id, else
+    rollout.worker_id) as is; else ``RAPID_WORKER_ID`` as is (a pod's name), suffixed ``-<rank>`` when several
+    ranks share it; else ``w<rank>`` under MPI or Slurm; else ``w<pid>``.
+
+    >>> from rapid.infra.distributed import ALONE
+    >>> worker_name("", {"RAPID_WORKER_ID": "rapid-rollout-7d9f8c-xk2pq"}, ALONE)
+    'rapid-rollout-7d9f8c-xk2pq'
+    """
+    if given:
+        return given
+    named = env.get("RAPID_WORKER_ID", "")
+    if named:
+        return named if identity.size == 1 else f"{named}-{identity.rank}"
+    return f"w{identity.rank}" if identity.size > 1 else f"w{os.getpid()}"

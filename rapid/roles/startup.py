@@ -42,6 +42,31 @@ def open_run_store(cfg: Config, metrics=None) -> Store:
     return ObservedStore(store, observe)
 
 
+def check_run_dir(cfg: Config) -> None:
+    """Refuse a run directory whose config.toml belongs to a run on another store: its logs would mix with
+    this run's and `rapid eval --run-dir` would read the other store."""
+    from rapid.config import load_config
+
+    run_dir = cfg.derive().run_dir
+    path = Path(run_dir) / "config.toml"
+    if not path.is_file():
+        return
+    try:
+        saved = load_config(path, [f"run.dir={json.dumps(run_dir)}"]).derive().store_url
+    except UsageError as e:
+        raise UsageError(f"{path} is not a usable run config ({e}): pick another run.dir") from None
+    if _same_store(saved) != _same_store(cfg.derive().store_url):
+        raise UsageError(f"{run_dir} holds a run on store {saved}, not {cfg.derive().store_url}: set run.dir to "
+                         "another folder, or leave it unset (each store then gets its own)")
+
+
+def _same_store(url: str) -> str:
+    """A store URL in one spelling: a local path absolute, an s3:// URL without trailing slashes."""
+    if "://" in url and not url.startswith("file://"):
+        return url.rstrip("/")
+    return os.path.abspath(url.removeprefix("file://"))
+
+
 def env_spec(cfg: Config) -> EnvSpec:
     """The env's static shape, from one throw-away game."""
     try:

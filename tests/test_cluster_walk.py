@@ -1,0 +1,87 @@
+"""docs/cluster.md walked as a user (issue 24): worker names, run directories, and what `rapid monitor`
+labels and counts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from rapid.config import Config, RunConfig, StoreConfig, load_config, to_toml
+from rapid.infra.distributed import Identity
+from rapid.monitoring import metrics as M
+from rapid.monitoring import prom
+from tests.helpers import ROOT, rapid
+
+ALONE = Identity(0, 1, 0, 1, "h")
+RANK_3_OF_4 = Identity(3, 4, 3, 4, "h")
+
+
+def test_a_pods_name_is_the_worker_name_as_is():
+    from rapid.roles.rollout import worker_name
+
+    pod = "rapid-rollout-7d9f8c-xk2pq"
+    assert worker_name("", {"RAPID_WORKER_ID": pod}, ALONE) == pod
+    assert worker_name("a17", {"RAPID_WORKER_ID": pod}, RANK_3_OF_4) == "a17"
+
+
+def test_rapid_worker_id_comes_before_the_rank_and_ranks_sharing_it_stay_apart():
+    from rapid.roles.rollout import worker_name
+
+    assert worker_name("", {"RAPID_WORKER_ID": "node7"}, RANK_3_OF_4) == "node7-3"
+    assert worker_name("", {}, RANK_3_OF_4) == "w3"
+    assert worker_name("", {}, ALONE) == f"w{os.getpid()}"
+
+
+def test_runs_on_different_stores_get_different_run_dirs():
+    def run_dir(url: str) -> str:
+        return Config(run=RunConfig(name="c4"), store=StoreConfig(url=url)).derive().run_dir
+
+    assert run_dir("s3://rapid-runs/exp1") != run_dir("s3://rapid-runs/exp2")
+    assert run_dir("") == os.path.join("runs", "c4")  # the local store keeps its familiar place
+
+
+def test_an_optimizer_refuses_a_run_dir_that_holds_a_run_on_another_store(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    first = load_config(None, [f'run.dir="{run_dir}"', f'store.url="{tmp_path / "store-a"}"'])
+    (run_dir / "config.toml").write_text(to_toml(first))
+    out = rapid("optimizer", "--set", f'run.dir="{run_dir}"', "--set", f'store.url="{tmp_path / "store-b"}"',
+                "--set", "metrics.enabled=false", timeout=60, check=False)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1 and "store-a" in out.stderr and "run.dir" in out.stderr, out.stderr
+    assert not (run_dir / "logs").exists()
+
+
+def test_targets_carry_the_run_name_not_the_folder_name(tmp_path):
+    run_dir = tmp_path / "c4b"
+    metrics = M.RolloutMetrics(run="connect4", rank=0)
+    port = metrics.serve(port=0, run_dir=run_dir)
+    try:
+        path = prom.refresh_targets(run_dir)
+        assert json.loads(path.read_text())[0]["labels"]["run"] == "connect4"
+        assert prom.run_name(run_dir) == "connect4"
+        assert prom.answering(M.collect_targets(run_dir)) == 1
+    finally:
+        metrics.close()
+    # A clean stop leaves no registration behind: a monitor started later counts no ghosts.
+    assert M.collect_targets(run_dir) == []
+    assert port > 0
+
+
+def test_a_process_that_dies_stays_registered(tmp_path):
+    code = ("import os; from rapid.monitoring.metrics import OptimizerMetrics; "
+            f"OptimizerMetrics(run='r').serve(port=0, run_dir={str(tmp_path)!r}); os._exit(1)")
+    subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT)
+    targets = M.collect_targets(tmp_path)
+    assert [t["role"] for t in targets] == ["optimizer"] and prom.answering(targets) == 0
+
+
+def test_monitor_writes_the_file_sd_list_without_a_prometheus(tmp_path):
+    (tmp_path / "config.toml").write_text(to_toml(load_config(None, ["run.name=connect4"])))
+    M.register_process(tmp_path, "rollout", 2, 9555, host="node12")
+    out = rapid("monitor", str(tmp_path), "--targets-only", "--once", timeout=60)
+    assert "1 registered processes" in out.stdout and "'connect4'" in out.stdout, out.stdout
+    groups = json.loads((tmp_path / "metrics" / "targets.json").read_text())
+    assert groups == [{"targets": ["node12:9555"], "labels": {"role": "rollout", "rank": "2", "run": "connect4"}}]
