@@ -25,6 +25,11 @@ Adam moments, a truncated object, a stray file) is skipped for the next older on
 newest published weights are used with a fresh optimizer state. Version numbers always continue after the
 newest one in use anywhere in the store (checkpoints, ``params/LATEST``, ``params/…``), so a version killed
 between its object and its pointer is never published twice.
+
+After a surgery (``rapid surgery``, docs/surgery.md) the run has a new shape: checkpoints and published versions
+older than the newest completed surgery are never used, a checkpoint that does not fit the model is a config
+from before the surgery (UsageError, one line, not a silent fall back to the old shape), and a surgery
+interrupted after its commit must be finished before the run resumes.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ from rapid.store_map import (
     checkpoint_key,
     parse_checkpoint_key,
     read_version_pointer,
+    surgery_key,
+    surgery_states,
     write_version_pointer,
 )
 
@@ -147,14 +154,40 @@ def newest_version_in_use(store: Store) -> int | None:
     return max(found, default=None)
 
 
+def surgery_floor(store: Store) -> int:
+    """The version the newest completed surgery made (0 without one): nothing older fits the run's shape.
+    UsageError while a surgery that committed has not completed."""
+    states = surgery_states(store)
+    pending = [version for version, done in states.items() if not done]
+    if pending:
+        raise UsageError(f"the surgery that made v{pending[-1]} was interrupted after its commit "
+                         f"({surgery_key(pending[-1])}): run `rapid surgery --apply` on this run again to finish it")
+    return max(states, default=0)
+
+
+def _load_model(policy, tensors: dict, version: int, floor: int) -> None:
+    """``policy.load_tensors``; after a surgery a mismatch means the config is from before it (UsageError)."""
+    try:
+        policy.load_tensors(tensors)
+    except ValueError as e:
+        if floor:
+            raise UsageError(f"v{version} does not fit this config's model ({e}): the run went through surgery at "
+                             f"v{floor}; resume it with the config the surgery wrote (its run dir's config.toml, "
+                             f"or config_after in {surgery_key(floor)})") from None
+        raise
+
+
 def resume_point(store: Store, policy, adam: torch.optim.Optimizer, log: logging.Logger) -> ResumePoint:
     """Load the newest usable state into ``policy`` and ``adam``; UsageError when the store has none."""
     newest = newest_version_in_use(store)
+    floor = surgery_floor(store)
     fresh = copy.deepcopy(adam.state_dict())
     for version in _candidates(store):
+        if version < floor:
+            continue  # the shape before the newest surgery
         try:
             ckpt = load_checkpoint(store, version)
-            policy.load_tensors(ckpt.model)
+            _load_model(policy, ckpt.model, version, floor)
             adam.load_state_dict(ckpt.adam_state())
             _check_loaded(adam)
         except KeyNotFound:
@@ -165,10 +198,10 @@ def resume_point(store: Store, policy, adam: torch.optim.Optimizer, log: logging
         return ResumePoint(max(newest, ckpt.version), ckpt.updates, f"checkpoint v{ckpt.version}")
     adam.load_state_dict(fresh)  # a half-loaded bad checkpoint leaves nothing behind
     params = ParameterStore(store)
-    for version in sorted(params.versions(), reverse=True)[:PUBLISHED_FALLBACKS]:
+    for version in [v for v in sorted(params.versions(), reverse=True) if v >= floor][:PUBLISHED_FALLBACKS]:
         try:
             obj = params.fetch(version)
-            policy.load_tensors(obj.tensors)
+            _load_model(policy, obj.tensors, version, floor)
         except (KeyNotFound, *_UNUSABLE) as e:
             log.warning("published v%d is not usable (%s); trying an older one", version, e)
             continue

@@ -44,7 +44,11 @@ class ParameterStore:
         for name, value in tensors.items():  # readers would reject it: never publish it
             if np.asarray(value).dtype.kind == "f" and not np.isfinite(value).all():
                 raise ValueError(f"refusing to publish v{version}: tensor {name!r} has non-finite values")
-        data = encode_params(ParamsObject(version, tensors, meta or {}))
+        self.publish_encoded(version, encode_params(ParamsObject(version, tensors, meta or {})))
+
+    def publish_encoded(self, version: int, data: bytes) -> None:
+        """Publish the bytes of an encoded params object of ``version`` (surgery stages them before its commit
+        and publishes them after it; publishing the same bytes again is a no-op)."""
         if not self.store.put_if_absent(params_key(version), data):
             # A retry after an ambiguous failure (the PUT landed, its answer was lost) finds its own bytes:
             # that is this publish succeeding, not a reused version.

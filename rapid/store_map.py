@@ -15,6 +15,8 @@ The roles share no memory and no sockets; everything between them goes through t
                                                     league/pool/<revision:012d>.json (put_if_absent: the lock)
                                                     league/snapshots/<member>.rpm (immutable copies of params)
     optimizer rank 0 ──put_if_absent──▶ optimizer/lease/<epoch:012d>.json (who owns the run, until when)
+    `rapid surgery` ──▶ surgery/<version:012d>/… (staged objects), surgery/<version:012d>.json (put_if_absent: the
+                        commit), surgery/<version:012d>.done (every pointer moved; read by --resume)
 
 Formats (``rapid.formats``) encode and decode the objects; this module names where they live and reads and
 writes the ``LATEST`` pointers.
@@ -59,6 +61,7 @@ LEGACY_RESULTS_PREFIX = "league/results/"
 LAYOUT = "layout.json"
 LOADER_MARKS_PREFIX = "loader/"
 LEASE_PREFIX = "optimizer/lease/"
+SURGERY_PREFIX = "surgery/"
 
 
 def experience_key(shard: int, created_ms: int, worker: str, incarnation: str, seq: int) -> str:
@@ -207,6 +210,44 @@ def parse_lease_key(key: str) -> int | None:
     return _parse(_LEASE_KEY, key)
 
 
+def surgery_key(version: int) -> str:
+    """The record of the surgery that made ``version``: its existence is the surgery's commit."""
+    return f"{SURGERY_PREFIX}{version:012d}.json"
+
+
+def surgery_done_key(version: int) -> str:
+    """Written once every pointer of the surgery that made ``version`` has moved."""
+    return f"{SURGERY_PREFIX}{version:012d}.done"
+
+
+def surgery_stage_prefix(version: int) -> str:
+    """Where the surgery that makes ``version`` stages its objects before it commits."""
+    return f"{SURGERY_PREFIX}{version:012d}/"
+
+
+_SURGERY_KEY = re.compile(re.escape(SURGERY_PREFIX) + _NUMBER + r"\.(json|done)", re.ASCII)
+
+
+def surgery_states(store: Store) -> dict[int, bool]:
+    """Committed surgeries of the run: version → whether it completed (every pointer moved).
+
+    >>> from rapid.infra.store import LocalStore
+    >>> import tempfile
+    >>> store = LocalStore(tempfile.mkdtemp())
+    >>> store.put(surgery_key(7), b"{}"); store.put(surgery_done_key(7), b""); store.put(surgery_key(9), b"{}")
+    >>> store.put(surgery_stage_prefix(9) + "checkpoint.rck", b"")
+    >>> surgery_states(store)
+    {7: True, 9: False}
+    """
+    committed: set[int] = set()
+    done: set[int] = set()
+    for key in store.list(SURGERY_PREFIX):
+        match = _SURGERY_KEY.fullmatch(key)
+        if match:
+            (committed if match.group(2) == "json" else done).add(int(match.group(1)))
+    return {version: version in done for version in sorted(committed)}
+
+
 def _reject_constant(name: str):
     raise ValueError(f"{name} is not allowed")
 
@@ -281,6 +322,19 @@ def read_run(store: Store) -> tuple[int, str | None] | None:
             or not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id)):
         raise FormatError(f"{LAYOUT} is not a rapid layout document")
     return shards, run_id or None
+
+
+def renew_run_id(store: Store) -> str | None:
+    """Give the run a fresh id (its shard count stays): after surgery has rewritten snapshots in place, rollout
+    processes started from now on use a new node-cache folder and never read a node's copy of the old shape.
+    None for a run without a layout (an older rapid's: its workers use no node cache)."""
+    run = read_run(store)
+    if run is None:
+        return None
+    run_id = uuid.uuid4().hex
+    store.put(LAYOUT, json.dumps({"format": LAYOUT_FORMAT, "version": 1, "experience_shards": run[0],
+                                  "run_id": run_id}).encode())
+    return run_id
 
 
 def read_layout(store: Store) -> int | None:
