@@ -20,8 +20,10 @@ The design (GA3C's run-time scheduling with Rapid's targets):
   upload interval (``publish_interval_s``), so a staleness of 1 means "one upload behind", as in OpenAI
   Five (uploads and versions about once a minute there, staleness ≈ 0–1).
 - **Saying so.** Arrival and consumption rates are measured over a sliding window. When samples go unused
-  at the largest batch allowed, the optimizer logs (at most once a minute) what it receives, what it can
-  consume at the target and what to add: more optimizer ranks/GPUs, or fewer rollout workers.
+  at the largest batch allowed and what arrives (at the target reuse) is clearly more than the optimizer can
+  consume (``OVERLOAD_MARGIN``), measured over a whole window, the optimizer logs (at most once a minute) what
+  it receives, what it can consume at the target and what to add: more optimizer ranks/GPUs, or fewer rollout
+  workers. Samples wasted while the optimizer keeps up (stale ones, a start-up burst) are not an overload.
 
 Every decision is a small pure function below; :class:`Balancer` strings them together once per update.
 
@@ -38,8 +40,8 @@ Usage::
     (320, 1000.0, 1024.0, None)
     >>> at_max = Balancer(BalanceSettings(batch=256, max_batch=256, target_reuse=1.0, publish_interval_s=2.0))
     >>> d = at_max.step(0.0, received=0, consumed=0, wasted=0, backlog=0, busy_s=0.1)
-    >>> d = at_max.step(1.0, received=1000, consumed=256, wasted=500, backlog=244, busy_s=0.9)
-    >>> print(d.message)                                         # None, or the one line to log
+    >>> d = at_max.step(30.0, received=30_000, consumed=7_680, wasted=15_000, backlog=244, busy_s=27.0)
+    >>> print(d.message)                                         # None, or the one line to log (a full window)
     rollouts outrun the optimizer: it receives 1,000 samples/s and can consume 284/s at reuse target 1 (50% ...
 """
 
@@ -55,6 +57,10 @@ WARN_EVERY_S = 60.0
 WASTE_TOLERANCE = 0.05
 MEASURE_UPDATES = 8
 MIN_GAIN_SHARE = 0.2
+OVERLOAD_MARGIN = 1.1
+"""Rollouts outrun the optimizer when arrival × target reuse exceeds its capacity by more than this factor:
+rates measured over a window wobble by a few percent, and "add 1.0× the capacity" is no advice."""
+WINDOW_S = 30.0
 
 
 def next_batch(batch: int, backlog: int, idle_share: float, lo: int, hi: int, multiple: int = 1) -> int:
@@ -91,10 +97,14 @@ def rate(points: deque[tuple[float, float]]) -> float:
 
 def overload_line(arrival: float, capacity: float, target: float, waste_share: float, at_max: bool) -> str | None:
     """The one line to log when rollouts outrun the optimizer, else None: samples go unused although the
-    batch is already the largest allowed."""
-    if not at_max or waste_share <= WASTE_TOLERANCE or arrival <= 0:
-        return None
+    batch is already the largest allowed, and more arrives than the optimizer can consume.
+
+    >>> print(overload_line(1862, 1925, 1.0, 0.3, at_max=True))   # it keeps up: the waste has another cause
+    None
+    """
     need = arrival * target
+    if not at_max or waste_share <= WASTE_TOLERANCE or arrival <= 0 or need <= capacity * OVERLOAD_MARGIN:
+        return None
     more = need / capacity if capacity > 0 else math.inf
     return (f"rollouts outrun the optimizer: it receives {arrival:,.0f} samples/s and can consume "
             f"{capacity:,.0f}/s at reuse target {target:g} ({waste_share:.0%} of samples went unused); "
@@ -110,8 +120,8 @@ class BalanceSettings:
     publish_interval_s: float
     multiple: int = 1
     """Batches stay a multiple of this (the microbatch size)."""
-    window_s: float = 30.0
-    """Rates are measured over this sliding window."""
+    window_s: float = WINDOW_S
+    """Rates are measured over this sliding window; nothing is called an overload before one is full."""
 
 
 @dataclass
@@ -142,6 +152,7 @@ class Balancer:
         self._busy_total = 0.0
         self._updates = 0
         self._last_adjust = now
+        self._started = now
         self._last_warn = -math.inf
 
     def _push(self, points: deque, now: float, value: float) -> None:
@@ -194,7 +205,9 @@ class Balancer:
         if now - self._last_adjust >= ADJUST_EVERY_S:
             self._adjust(consumed, backlog, 1.0 - busy_share)
             self._last_adjust = now
-        line = overload_line(arrival, capacity, self.s.target_reuse, waste_share, self.batch >= self.ceiling)
+        measured = now - self._started >= self.s.window_s  # a start-up burst alone is no rate
+        line = overload_line(arrival, capacity, self.s.target_reuse, waste_share,
+                             self.batch >= self.ceiling) if measured else None
         message = None
         if line and now - self._last_warn >= WARN_EVERY_S:
             message, self._last_warn = line, now

@@ -61,6 +61,7 @@ from rapid.formats.experience import LIMITS, Shape
 from rapid.infra.store import BadObject, InvalidKey, KeyNotFound, Store, StoreError
 from rapid.league.results import Tally
 from rapid.opt.buffer import ExperienceBuffer
+from rapid.quiet_log import QuietLog
 from rapid.store_map import (
     experience_cursor,
     experience_shard_prefix,
@@ -74,7 +75,6 @@ from rapid.store_map import (
 )
 
 log = logging.getLogger(__name__)
-
 
 @dataclass
 class LoaderStats:
@@ -91,6 +91,9 @@ class LoaderStats:
     """Listings made (one per shard per poll; a listing may span pages on S3)."""
     swept: int = 0
     """Objects found only by a full listing: missed by the cursor (a clock far off, a very slow upload)."""
+    backlog_samples: int = 0
+    """Samples of objects uploaded before this loader started (while the run had no optimizer): trained on,
+    but not rollout load (see :meth:`ExperienceLoader.loading_backlog`)."""
 
 
 class ExperienceLoader:
@@ -112,6 +115,9 @@ class ExperienceLoader:
         self.downloads = ThreadPoolExecutor(max(1, download_threads), thread_name_prefix=f"download-{rank}")
         self.max_downloads = max(1, download_threads)
         self.stats = LoaderStats()
+        self.quiet = QuietLog(log, clock)
+        self._started_ms = int(clock() * 1000)
+        self._backlog_at: float | None = None
         self.failure: str | None = None
         self._seen: set[str] = set()
         self._done_at: deque[tuple[float, str]] = deque()
@@ -154,6 +160,11 @@ class ExperienceLoader:
             out, self._tally = self._tally, Tally()
         return out
 
+    def loading_backlog(self, within_s: float) -> bool:
+        """Whether objects uploaded before this loader started were loaded in the last ``within_s``: rates over
+        that window count a backlog (a resumed run's), not what the rollouts produce."""
+        return self._backlog_at is not None and self.clock() - self._backlog_at < within_s
+
     def next_wait(self) -> float:
         """Seconds until the next poll: about one new object a listing, within poll_s … poll_max_s."""
         if self._rate <= 0.0:
@@ -165,9 +176,10 @@ class ExperienceLoader:
             while not self._stop.is_set():
                 try:
                     self.poll_once()
+                    self.quiet.recovered("list", "listing experience")
                 except StoreError as e:
                     self.stats.store_errors += 1
-                    log.warning("listing experience failed: %s", e)
+                    self.quiet.warning("list", "listing experience failed: %s", e)
                 except Exception as e:  # MemoryError included: count, log, go on
                     self.stats.errors += 1
                     log.error("loader: unexpected %s, going on: %s", type(e).__name__, e)
@@ -222,7 +234,7 @@ class ExperienceLoader:
                                   [k for k in recent if k.startswith(prefix)])
             except StoreError as e:
                 self.stats.store_errors += 1
-                log.warning("could not note the loader's progress in shard %d: %s", shard, e)
+                self.quiet.warning("mark", "could not note the loader's progress in shard %d: %s", shard, e)
 
     def _skip_loaded_before_restart(self, shard: int, keys: list[str]) -> list[str]:
         """On the first listing: what this shard's mark says was loaded before a restart is not loaded again,
@@ -303,8 +315,9 @@ class ExperienceLoader:
             self.stats.store_errors += 1
             self._failed_downloads += 1
             self._seen.discard(key)  # try again next poll
-            log.warning("download of %s failed: %s", key, e)
+            self.quiet.warning("download", "download of %s failed: %s", key, e)
             return None
+        self.quiet.recovered("download", "downloading experience")
         return data, time.perf_counter() - t0
 
     def _finish(self, key: str, size: int, seconds: float, future) -> int:
@@ -321,6 +334,12 @@ class ExperienceLoader:
             return self._bad(key, f"unexpected {type(e).__name__}: {e}")
         self.stats.objects += 1
         self.stats.samples += result.num_samples
+        if (ms := parse_experience_ms(key)) is not None and ms < self._started_ms:
+            if self._backlog_at is None:
+                log.info("loading experience uploaded before this optimizer started (a backlog): trained on, "
+                         "not counted as rollout load")
+            self.stats.backlog_samples += result.num_samples
+            self._backlog_at = self.clock()
         self.stats.bytes += size
         self.stats.env_steps += result.env_steps
         with self._lock:
@@ -354,7 +373,7 @@ class ExperienceLoader:
                 self._seen.discard(key)
             except (StoreError, InvalidKey) as e:
                 self.stats.store_errors += 1
-                log.warning("retention could not delete %s: %s", key, e)
+                self.quiet.warning("delete", "retention could not delete %s: %s", key, e)
         if removed:
-            log.info("retention: deleted %d experience object(s) older than %gs (%d in all)",
-                     removed, self.retention_s, self.stats.deleted)
+            self.quiet.info("retention", "retention: deleted experience objects older than %gs (%d in all)",
+                            self.retention_s, self.stats.deleted)

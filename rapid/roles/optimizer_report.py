@@ -39,6 +39,8 @@ from dataclasses import asdict
 
 import numpy as np
 
+from rapid.balance import WINDOW_S
+
 log = logging.getLogger("rapid.optimizer")
 
 STALENESS_BINS = 64
@@ -140,8 +142,11 @@ class OptimizerReport:
         self._staleness += np.bincount(np.clip(staleness, 0, STALENESS_BINS - 1).astype(np.int64),
                                        minlength=STALENESS_BINS)
         balance = asdict(decision)
-        if balance.pop("message"):
+        if self.loader.loading_backlog(within_s=WINDOW_S):  # a resumed run's backlog is no rollout load
+            balance["overloaded"] = False
+        elif balance["message"]:
             log.warning("%s", decision.message)
+        del balance["message"]
         m.balance(balance)
         episodes = summarize_episodes(self.loader.take_episodes())
         for kind in ("latest", "pool", "bots"):
