@@ -85,3 +85,40 @@ def test_monitor_writes_the_file_sd_list_without_a_prometheus(tmp_path):
     assert "1 registered processes" in out.stdout and "'connect4'" in out.stdout, out.stdout
     groups = json.loads((tmp_path / "metrics" / "targets.json").read_text())
     assert groups == [{"targets": ["node12:9555"], "labels": {"role": "rollout", "rank": "2", "run": "connect4"}}]
+
+
+def _finished_run(store_dir, cfg) -> None:
+    """A store as an optimizer leaves it at a clean stop: layout, a published version, a released lease."""
+    from rapid.infra.store import LocalStore
+    from rapid.lease import RunLease
+    from rapid.param_store import ParameterStore
+    from rapid.roles.startup import build_policy, env_spec
+    from rapid.store_map import write_layout
+
+    store = LocalStore(store_dir)
+    write_layout(store, 1)
+    ParameterStore(store).publish(0, build_policy(cfg, env_spec(cfg)).tensors())
+    RunLease(store).acquire().release()
+
+
+def test_a_worker_of_a_stopped_run_stops_by_itself_and_uploads_nothing(tmp_path, caplog):
+    import logging
+    import threading
+
+    from rapid.infra.store import LocalStore
+    from rapid.roles.rollout import run_rollout
+    from rapid.roles.startup import StopFlag
+
+    cfg = load_config(None, [f'run.dir="{tmp_path}"', "env.num_games=2", "model.hidden=16", "model.lstm=16",
+                             "rollout.upload_interval_s=0.2", "rollout.linger_s=1", "metrics.enabled=false"])
+    _finished_run(tmp_path / "store", cfg)
+    stop, result = StopFlag(install_signals=False), []
+    worker = threading.Thread(target=lambda: result.append(run_rollout(cfg, "w0", 1, stop=stop)), daemon=True)
+    with caplog.at_level(logging.INFO):
+        worker.start()
+        worker.join(30)
+    stop.set("test")  # old code plays on: end it
+    worker.join(30)
+    assert result == [0] and stop.reason == "run stopped", caplog.text[-2000:]
+    assert LocalStore(tmp_path / "store").list("experience/") == []
+    assert "the run's optimizer stopped" in caplog.text

@@ -26,6 +26,7 @@ from rapid.opponents import LeagueOpponents
 from rapid.param_store import ParameterStore
 from rapid.roles.startup import StopFlag, build_policy, open_run_store, setup_logging, start_metrics
 from rapid.rollout_worker import RolloutSettings, RolloutWorker
+from rapid.run_watch import RunWatch
 from rapid.store_map import read_run
 from rapid.uploader import Uploader
 
@@ -106,8 +107,14 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
     uploader.start()
     log.info("worker %s started: %d games of %s, params v%d, store %s", worker_id, env.num_games,
              cfg.env.name, version, store.describe())
+    watch = RunWatch(store, quiet_s=_quiet_s(cfg))
+    version_at, asked = time.time(), False
     try:
         while not stop:
+            gone = watch.optimizer_gone(version_at, time.time(), force=not asked)  # at start, then when quiet
+            asked = True
+            if gone and not _linger(watch, gone, cfg.rollout.linger_s, stop, log):
+                return 0
             segment = worker.collect()
             uploader.add(segment)
             metrics.env_steps(segment.env_steps // env.spec.num_agents)
@@ -118,6 +125,7 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
             newer = poller.take()
             if newer is not None:  # swapped only between segments
                 metrics.param_version(_swap_params(worker, poller, newer, worker.version))
+                version_at = time.time()
             metrics.params_behind(poller.behind_s())
             if not poller.alive():
                 log.error("worker %s: the parameter poller thread has died; stopping", worker_id)
@@ -131,6 +139,29 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
         log.info("worker %s stopped: %d objects, %d samples uploaded, %d dropped, %d failures", worker_id,
                  s.objects, s.samples, s.dropped_samples, s.failures)
     return 0
+
+
+def _quiet_s(cfg: Config) -> float:
+    """How long without a new version before a worker asks whether the run still has an optimizer: a few of
+    the optimizer's publish intervals (it publishes about once an upload interval by default)."""
+    return max(60.0, 3 * (cfg.optimizer.publish_interval_s or cfg.rollout.upload_interval_s))
+
+
+def _linger(watch: RunWatch, gone: str, linger_s: float, stop: StopFlag, log) -> bool:
+    """Wait, playing no games (so uploading no experience), up to ``linger_s`` for an optimizer to take the run again (a
+    ``--resume``); True if one did, False if this worker should stop."""
+    log.warning("the run's optimizer %s; playing no more games%s", gone,
+                f", stopping in {linger_s:.0f}s unless an optimizer takes the run again" if linger_s else "")
+    deadline = time.time() + linger_s
+    while not stop and time.time() < deadline:
+        stop.wait(min(watch.every_s, max(deadline - time.time(), 0.0)))
+        if not watch.optimizer_gone(0.0, time.time(), force=True):
+            log.info("an optimizer holds the run again: playing on")
+            return True
+    if not stop:
+        log.warning("no optimizer took the run within rollout.linger_s = %gs: this worker stops", linger_s)
+        stop.set("run stopped")
+    return False
 
 
 def _swap_params(worker: RolloutWorker, poller: ParamPoller, new: tuple[int, dict], in_use: int | None):

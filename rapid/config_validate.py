@@ -1,0 +1,105 @@
+"""The config's value checks: every error in one pass, so `rapid` reports them together (``build_config``)."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from rapid.opt.config import check_positive as _positive
+from rapid.opt.config import check_unit as _unit
+
+if TYPE_CHECKING:
+    from rapid.config import Config
+
+RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}", re.ASCII)
+BOT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,59}", re.ASCII)  # as the league's bot:<name> ids
+
+
+def validate(cfg: Config) -> list[str]:
+    """Every value error in ``cfg``; an empty list means the config is usable."""
+    e: list[str] = []
+    _positive(e, "run.minutes", cfg.run.minutes, allow_zero=True)
+    _positive(e, "run.updates", cfg.run.updates, allow_zero=True)
+    _unit(e, "run.target_win_rate", cfg.run.target_win_rate)
+    _positive(e, "run.num_workers", cfg.run.num_workers, allow_zero=True)
+    if not RUN_NAME.fullmatch(cfg.run.name):  # it names a folder under runs/ and labels metrics
+        e.append(f"run.name must be 1-64 of A-Z a-z 0-9 . _ -, not starting with . or - (got {cfg.run.name!r})")
+    if not 0 <= cfg.run.seed < 1 << 32:
+        e.append(f"run.seed must be within [0, 2**32) (got {cfg.run.seed})")
+    if not cfg.env.name:
+        e.append("env.name must name a game")
+    _positive(e, "env.num_games", cfg.env.num_games)
+    for key in ("hidden", "encoder_layers", "lstm"):
+        _positive(e, f"model.{key}", getattr(cfg.model, key))
+    if not all(isinstance(n, int) and n > 0 for n in cfg.model.conv_channels):
+        e.append(f"model.conv_channels must be positive integers (got {cfg.model.conv_channels})")
+    e += cfg.ppo.errors()
+    r = cfg.rollout
+    _positive(e, "rollout.bptt", r.bptt)
+    _positive(e, "rollout.samples_per_segment", r.samples_per_segment)
+    _positive(e, "rollout.upload_interval_s", r.upload_interval_s)
+    _positive(e, "rollout.param_poll_s", r.param_poll_s)
+    _positive(e, "rollout.max_backlog", r.max_backlog)
+    _positive(e, "rollout.max_backlog_mb", r.max_backlog_mb)
+    _positive(e, "rollout.torch_threads", r.torch_threads)
+    _positive(e, "rollout.linger_s", r.linger_s, allow_zero=True)
+    o = cfg.optimizer
+    _positive(e, "optimizer.batch_samples", o.batch_samples)
+    _positive(e, "optimizer.microbatch_samples", o.microbatch_samples, allow_zero=True)
+    if o.microbatch_samples and o.batch_samples % o.microbatch_samples:
+        e.append(f"optimizer.batch_samples ({o.batch_samples}) must be a multiple of "
+                 f"optimizer.microbatch_samples ({o.microbatch_samples})")
+    if o.buffer_samples < o.batch_samples:
+        e.append(f"optimizer.buffer_samples ({o.buffer_samples}) must be ≥ batch_samples ({o.batch_samples})")
+    _positive(e, "optimizer.max_staleness", o.max_staleness, allow_zero=True)
+    _positive(e, "optimizer.max_reuse", o.max_reuse)
+    _positive(e, "optimizer.publish_every", o.publish_every)
+    _positive(e, "optimizer.target_reuse", o.target_reuse)
+    if o.target_reuse > o.max_reuse:
+        e.append(f"optimizer.target_reuse ({o.target_reuse}) must be ≤ max_reuse ({o.max_reuse})")
+    _positive(e, "optimizer.max_batch_samples", o.max_batch_samples, allow_zero=True)
+    if o.max_batch_samples and not o.batch_samples <= o.max_batch_samples <= o.buffer_samples:
+        e.append(f"optimizer.max_batch_samples ({o.max_batch_samples}) must be within batch_samples … "
+                 f"buffer_samples ({o.batch_samples} … {o.buffer_samples})")
+    _positive(e, "optimizer.publish_interval_s", o.publish_interval_s, allow_zero=True)
+    if o.decode_workers < -1:
+        e.append(f"optimizer.decode_workers must be -1 (auto), 0 or more (got {o.decode_workers})")
+    _positive(e, "optimizer.checkpoint_every", o.checkpoint_every)
+    _positive(e, "optimizer.keep_checkpoints", o.keep_checkpoints)
+    _positive(e, "optimizer.keep_versions", o.keep_versions, allow_zero=True)
+    _positive(e, "optimizer.poll_s", o.poll_s)
+    if o.poll_max_s < o.poll_s:
+        e.append(f"optimizer.poll_max_s ({o.poll_max_s}) must be ≥ poll_s ({o.poll_s})")
+    _positive(e, "optimizer.list_lookback_s", o.list_lookback_s)
+    _positive(e, "optimizer.sweep_s", o.sweep_s)
+    _positive(e, "optimizer.download_threads", o.download_threads)
+    _positive(e, "optimizer.mark_s", o.mark_s, allow_zero=True)
+    if not 0 <= cfg.store.experience_shards <= 65_536:
+        e.append(f"store.experience_shards must be within [0, 65536] (got {cfg.store.experience_shards})")
+    if o.device not in ("auto", "cpu", "cuda"):
+        e.append(f"optimizer.device must be 'auto', 'cpu' or 'cuda' (got {o.device!r})")
+    if o.precision not in ("fp32", "bf16", "auto"):
+        e.append(f"optimizer.precision must be 'fp32', 'bf16' or 'auto' (got {o.precision!r})")
+    _positive(e, "optimizer.torch_threads", o.torch_threads)
+    lg = cfg.league
+    _positive(e, "league.snapshot_every", lg.snapshot_every, allow_zero=True)
+    _unit(e, "league.latest_prob", lg.latest_prob)
+    _unit(e, "league.bot_prob", lg.bot_prob)
+    _positive(e, "league.eta", lg.eta)
+    if lg.scheme not in ("openai_five", "pfsp"):
+        e.append(f"league.scheme must be 'openai_five' or 'pfsp' (got {lg.scheme!r})")
+    _positive(e, "league.pfsp_power", lg.pfsp_power, allow_zero=True)
+    _positive(e, "league.refresh_s", lg.refresh_s)
+    _positive(e, "league.max_snapshots", lg.max_snapshots, allow_zero=True)
+    if lg.keep_retired < -1:
+        e.append(f"league.keep_retired must be -1 (keep all), 0 or more (got {lg.keep_retired})")
+    for bot in lg.bots:
+        if not BOT_NAME.fullmatch(bot.removeprefix("bot:")):
+            e.append(f"league.bots: {bot!r} is not a bot name (A-Z a-z 0-9 . _ -, e.g. 'random')")
+    _positive(e, "eval.interval_s", cfg.eval.interval_s, allow_zero=True)
+    _positive(e, "eval.games", cfg.eval.games)
+    _positive(e, "store.max_attempts", cfg.store.max_attempts)
+    _positive(e, "store.retention_s", cfg.store.retention_s, allow_zero=True)
+    if not 0 <= cfg.metrics.base_port < 65536:
+        e.append(f"metrics.base_port must be within [0, 65535] (got {cfg.metrics.base_port})")
+    return e

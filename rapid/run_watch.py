@@ -1,0 +1,69 @@
+"""Does the run still have an optimizer? A rollout worker asks when new versions stop coming, so that workers
+left running after the optimizer stopped do not keep filling the store with experience nobody loads.
+
+The answer is the optimizer's lease (``optimizer/lease/<epoch>.json``, see :mod:`rapid.lease`): released at
+a clean stop, expired when its holder died. Without any lease (a run of an older rapid, or parameters
+published by hand) the answer is "unknown" and the worker goes on as before.
+
+Usage::
+
+    >>> import tempfile
+    >>> from rapid.infra.store import LocalStore
+    >>> from rapid.lease import RunLease
+    >>> store = LocalStore(tempfile.mkdtemp())
+    >>> watch = RunWatch(store, quiet_s=180.0, every_s=30.0)
+    >>> watch.optimizer_gone(last_version_at=0.0, now=1000.0) is None     # no lease: unknown, go on
+    True
+    >>> lease = RunLease(store).acquire()
+    >>> watch.optimizer_gone(last_version_at=0.0, now=2000.0) is None     # held: the run goes on
+    True
+    >>> lease.release()
+    >>> watch.optimizer_gone(last_version_at=0.0, now=2010.0) is None     # asked again only every_s later
+    True
+    >>> watch.optimizer_gone(last_version_at=0.0, now=2031.0)
+    'stopped (it released the run)'
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from rapid.infra.store import KeyNotFound, Store, StoreError
+from rapid.store_map import LEASE_PREFIX, lease_key, load_json, parse_lease_key
+
+
+class RunWatch:
+    def __init__(self, store: Store, quiet_s: float, every_s: float = 30.0,
+                 clock: Callable[[], float] = time.time):
+        self.store, self.quiet_s, self.every_s, self.clock = store, quiet_s, every_s, clock
+        self._asked_at = -float("inf")
+
+    def optimizer_gone(self, last_version_at: float, now: float, force: bool = False) -> str | None:
+        """Why the run has no optimizer (stopped, or died), or None (it has one, or nobody can tell). The
+        lease is read only once no new version came for ``quiet_s`` (or when ``force``d), at most every
+        ``every_s``: a healthy run costs the store nothing."""
+        if not force and (now - last_version_at < self.quiet_s or now - self._asked_at < self.every_s):
+            return None
+        self._asked_at = now
+        try:
+            return self._read_lease()
+        except (StoreError, ValueError):  # an unreadable lease tells nothing: keep going
+            return None
+
+    def _read_lease(self) -> str | None:
+        epochs = sorted(e for e in map(parse_lease_key, self.store.list(LEASE_PREFIX)) if e is not None)
+        for epoch in reversed(epochs):
+            try:
+                doc = load_json(self.store.get(lease_key(epoch)))
+            except KeyNotFound:  # collected between list and get
+                continue
+            if not isinstance(doc, dict):
+                return None
+            if doc.get("released") is True:
+                return "stopped (it released the run)"
+            expires = doc.get("expires")
+            if isinstance(expires, int | float) and expires < self.clock():
+                return "stopped renewing its lease (it died, or its host lost the store)"
+            return None
+        return None
