@@ -10,6 +10,7 @@ import argparse
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 from rapid.errors import FormatError, UsageError
@@ -214,12 +215,19 @@ def cmd_role(args) -> int:
 
         check_run_dir(cfg)
         _, backend = pick_device(cfg, identity)  # refuses a node with more ranks than GPUs before any rendezvous
+        started = time.time()
         if identity.size == 1:
-            return run_optimizer(cfg, resume=args.resume, rank=identity)
-        from rapid.infra.distributed import init_process_group
+            code = run_optimizer(cfg, resume=args.resume, rank=identity)
+        else:
+            from rapid.infra.distributed import init_process_group
 
-        with init_process_group(identity, backend=backend) as ctx:
-            return run_optimizer(cfg, resume=args.resume, rank=identity, ctx=ctx)
+            with init_process_group(identity, backend=backend) as ctx:
+                code = run_optimizer(cfg, resume=args.resume, rank=identity, ctx=ctx)
+        if identity.rank == 0:
+            from rapid.roles.optimizer_report import optimizer_summary
+
+            print(optimizer_summary(cfg.derive().run_dir, started, code), flush=True)
+        return code
 
 
 def cmd_replay(args) -> int:

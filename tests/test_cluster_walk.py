@@ -122,3 +122,10 @@ def test_a_worker_of_a_stopped_run_stops_by_itself_and_uploads_nothing(tmp_path,
     assert result == [0] and stop.reason == "run stopped", caplog.text[-2000:]
     assert LocalStore(tmp_path / "store").list("experience/") == []
     assert "the run's optimizer stopped" in caplog.text
+
+
+def test_a_standalone_optimizer_ends_with_a_summary(tmp_path):
+    out = rapid("optimizer", "--set", f'run.dir="{tmp_path}"', "--set", "run.minutes=0.05", "--set",
+                "metrics.enabled=false", "--set", "env.num_games=2", timeout=120)
+    assert "rapid optimizer finished (exit code 0)" in out.stdout, out.stdout + out.stderr
+    assert "no experience arrived" in out.stdout and "--resume" in out.stdout

@@ -36,10 +36,12 @@ import queue
 import threading
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 
 from rapid.balance import WINDOW_S
+from rapid.monitoring.logs import read_jsonl
 
 log = logging.getLogger("rapid.optimizer")
 
@@ -61,6 +63,29 @@ def summarize_episodes(episodes: list[dict]) -> dict[str, float]:
             score = [1.0 if e["winner"] == "learner" else 0.5 if e["winner"] == "draw" else 0.0 for e in games]
             out[f"win_rate_{kind}"] = float(np.mean(score))
     return out
+
+
+def optimizer_summary(run_dir: str | Path, started: float, exit_code: int) -> str:
+    """What a standalone optimizer (`rapid optimizer`, rank 0) prints when it ends, as `rapid train` does:
+    figures from this invocation's records of ``logs/optimizer.jsonl``, where to look, how to go on."""
+    from rapid.progress import balance_lines
+
+    path = Path(run_dir) / "logs" / "optimizer.jsonl"
+    ops = [r for r in read_jsonl(path) if r.get("time", 0.0) >= started]
+    elapsed = time.time() - started
+    lines = [f"\nrapid optimizer finished (exit code {exit_code}) after {elapsed // 60:.0f} min {elapsed % 60:.0f} s"]
+    if ops:
+        last = ops[-1]
+        lines += [f"  versions published : up to v{last['version']} ({len(ops)} updates now, {last['update']} in all)",
+                  f"  agent-steps        : {last['env_steps']:,}",
+                  f"  samples            : {last['samples_received']:,} received, {last['samples_consumed']:,} "
+                  f"consumed, {last['samples_dropped_stale']:,} went stale unused",
+                  *balance_lines(last)]
+    else:
+        lines.append("  no update: no experience arrived (are rollout workers running against the same store?)")
+    lines += [f"  log                : {path} (plots: rapid report {run_dir})",
+              "  continue with      : the same command with --resume"]
+    return "\n".join(lines)
 
 
 def quantile_of_counts(counts: np.ndarray, q: float) -> float:
