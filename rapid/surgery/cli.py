@@ -60,13 +60,15 @@ def _run(args) -> int:
     from rapid.errors import UsageError
     from rapid.lease import RunLease
     from rapid.roles.startup import StopFlag, open_run_store
-    from rapid.store_map import surgery_states
+    from rapid.store_map import surgery_stage_prefix, surgery_states
     from rapid.surgery import run_store
 
     old_cfg, new_cfg = _configs(args)
     store = open_run_store(old_cfg)
-    pending = [v for v, done in surgery_states(store).items() if not done]
-    if pending:
+    states = surgery_states(store)
+    pending = [v for v, done in states.items() if not done]
+    leftovers = [v for v, done in states.items() if done and store.list(surgery_stage_prefix(v))]
+    if pending or (leftovers and args.apply):
         if not args.apply:
             raise UsageError(f"the surgery that made v{pending[-1]} was interrupted after its commit: add --apply "
                              "to finish it (and nothing else)")
@@ -74,7 +76,11 @@ def _run(args) -> int:
             for version in pending:
                 for line in run_store.finish(store, version, args.run_dir):
                     print(f"finished surgery v{version}: {line}")
-        return 0
+            for version in leftovers:  # a crash after the surgery completed left staged copies behind
+                run_store.finish(store, version, args.run_dir)
+                print(f"surgery v{version}: staged copies deleted")
+        if pending or not args.set:
+            return 0
     if not args.set:
         raise UsageError("nothing to change: name it with --set, e.g. --set model.lstm=256")
     lease = RunLease(store).acquire() if args.apply else None  # refuses while an optimizer holds the run
