@@ -29,8 +29,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from rapid.config import Config
 from rapid.infra.store import KeyNotFound, Store, StoreError
 from rapid.store_map import LEASE_PREFIX, lease_key, load_json, parse_lease_key
+
+
+def quiet_s(cfg: Config) -> float:
+    """How long without a new version before a role asks whether the run still has an optimizer: a few of
+    the optimizer's publish intervals (it publishes about once an upload interval by default)."""
+    return max(60.0, 3 * (cfg.optimizer.publish_interval_s or cfg.rollout.upload_interval_s))
 
 
 class RunWatch:

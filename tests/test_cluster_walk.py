@@ -129,3 +129,23 @@ def test_a_standalone_optimizer_ends_with_a_summary(tmp_path):
                 "metrics.enabled=false", "--set", "env.num_games=2", timeout=120)
     assert "rapid optimizer finished (exit code 0)" in out.stdout, out.stdout + out.stderr
     assert "no experience arrived" in out.stdout and "--resume" in out.stdout
+
+
+def test_the_evaluator_of_a_stopped_run_rates_its_last_version_and_stops(tmp_path):
+    import threading
+
+    from rapid.roles.evaluator import run_evaluator
+    from rapid.roles.startup import StopFlag
+
+    cfg = load_config(None, [f'run.dir="{tmp_path}"', "env.num_games=2", "model.hidden=16", "model.lstm=16",
+                             "eval.games=2", "eval.interval_s=0.2", "metrics.enabled=false"])
+    _finished_run(tmp_path / "store", cfg)
+    stop, result = StopFlag(install_signals=False), []
+    evaluator = threading.Thread(target=lambda: result.append(run_evaluator(cfg, stop=stop)), daemon=True)
+    evaluator.start()
+    evaluator.join(30)
+    stopped_by_itself = not evaluator.is_alive()
+    stop.set("test")
+    evaluator.join(30)
+    assert stopped_by_itself and result == [0]
+    assert [json.loads(line)["version"] for line in (tmp_path / "logs" / "eval.jsonl").read_text().splitlines()] == [0]

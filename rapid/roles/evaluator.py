@@ -1,6 +1,7 @@
 """The evaluator role: every ``eval.interval_s`` it plays the newest version against the baseline and
 logs the win rate, so `rapid train` can show progress against a fixed yardstick (self-play win rates
-hover near 50% by construction)."""
+hover near 50% by construction). Once the run's optimizer has stopped (:class:`rapid.run_watch.RunWatch`)
+and the newest version is rated, it stops too."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from rapid.matches import MatchScore, PolicyPlayer, batch_size, load_policy, pla
 from rapid.monitoring.metrics import EvaluatorMetrics
 from rapid.param_store import ParameterStore
 from rapid.roles.startup import JsonlLog, StopFlag, build_policy, open_run_store, setup_logging, start_metrics
+from rapid.run_watch import RunWatch, quiet_s
 
 
 def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
@@ -32,6 +34,7 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
     out = JsonlLog(f"{cfg.derive().run_dir}/logs/eval.jsonl")
     last = -1
     rounds = 0
+    watch, version_at, asked = RunWatch(store, quiet_s(cfg)), time.time(), False
     while not stop:
         try:
             version = params.latest_version()
@@ -62,7 +65,12 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
                            "losses": res.losses, "draws": res.draws, "win_rate": res.win_rate, **rating})
             if rating:
                 metrics.rating(version_id(version), rating["rating"], rating["rating_sigma"])
-            last, rounds = version, rounds + 1
+            last, rounds, version_at = version, rounds + 1, time.time()
+        gone = watch.optimizer_gone(version_at, time.time(), force=not asked)  # at start, then when quiet
+        asked = True
+        if gone and version is not None and version <= last:
+            log.info("the run's optimizer %s and its newest version v%d is rated: the evaluator stops", gone, last)
+            break
         stop.wait(cfg.eval.interval_s)
     env.close()
     out.close()

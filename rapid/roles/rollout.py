@@ -26,7 +26,7 @@ from rapid.opponents import LeagueOpponents
 from rapid.param_store import ParameterStore
 from rapid.roles.startup import StopFlag, build_policy, open_run_store, setup_logging, start_metrics
 from rapid.rollout_worker import RolloutSettings, RolloutWorker
-from rapid.run_watch import RunWatch
+from rapid.run_watch import RunWatch, quiet_s
 from rapid.store_map import read_run
 from rapid.uploader import Uploader
 
@@ -107,7 +107,7 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
     uploader.start()
     log.info("worker %s started: %d games of %s, params v%d, store %s", worker_id, env.num_games,
              cfg.env.name, version, store.describe())
-    watch = RunWatch(store, quiet_s=_quiet_s(cfg))
+    watch = RunWatch(store, quiet_s=quiet_s(cfg))
     version_at, asked = time.time(), False
     try:
         while not stop:
@@ -139,12 +139,6 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
         log.info("worker %s stopped: %d objects, %d samples uploaded, %d dropped, %d failures", worker_id,
                  s.objects, s.samples, s.dropped_samples, s.failures)
     return 0
-
-
-def _quiet_s(cfg: Config) -> float:
-    """How long without a new version before a worker asks whether the run still has an optimizer: a few of
-    the optimizer's publish intervals (it publishes about once an upload interval by default)."""
-    return max(60.0, 3 * (cfg.optimizer.publish_interval_s or cfg.rollout.upload_interval_s))
 
 
 def _linger(watch: RunWatch, gone: str, linger_s: float, stop: StopFlag, log) -> bool:
