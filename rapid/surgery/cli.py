@@ -103,7 +103,7 @@ def _run(args) -> int:
             raise UsageError("the run's lease was lost while staging: not committed (the run keeps its old shape)")
         run_store.commit(store, prepared)
         for line in run_store.finish(store, prepared.version, args.run_dir):
-            print(f"wrote {line}")
+            print(f"done: {line}")
     print(f"surgery v{prepared.version} done: resume with `rapid train --run-dir {args.run_dir} --resume`")
     return 0
 
