@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
         for command in action.choices.values():
             _run_dir_arg(command)
             command.add_argument("--store", help="store URL of the run instead of --run-dir, e.g. s3://bucket/run")
+    from rapid.surgery import cli as surgery_cli
+
+    surgery_cli.add_arguments(sub.add_parser("surgery", help=surgery_cli.HELP, description=surgery_cli.__doc__,
+                                             formatter_class=argparse.RawDescriptionHelpFormatter))
     return parser
 
 
@@ -319,9 +323,15 @@ def _league_play_match(cfg, store):
     return play
 
 
+def cmd_surgery(args) -> int:
+    from rapid.surgery import cli as surgery_cli
+
+    return surgery_cli.run(args)
+
+
 COMMANDS = {"train": cmd_train, "config": cmd_config, "eval": cmd_eval, "optimizer": cmd_role,
             "rollout": cmd_role, "evaluator": cmd_role, "replay": cmd_replay, "report": cmd_report,
-            "monitor": cmd_monitor, "league": cmd_league}
+            "monitor": cmd_monitor, "league": cmd_league, "surgery": cmd_surgery}
 
 
 def main(argv: list[str] | None = None) -> int:
