@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 # The CPU build of torch; pyproject.toml itself states a range, so GPU users keep their CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: setup train test prometheus clean
+.PHONY: setup train test prometheus slurm clean
 
 setup: $(VENV)/.installed
 
@@ -20,10 +20,15 @@ prometheus:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus)
 
+# The Slurm test submits infra/deploy/slurm/rapid.sbatch to a cluster it starts on this machine (Debian's package).
+slurm:
+	@test -x /usr/sbin/slurmctld && test -x /usr/sbin/slurmd && test -x /usr/sbin/munged || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm)
+
 train: setup
 	$(VENV)/bin/rapid train --config configs/default.toml
 
-test: setup prometheus
+test: setup prometheus slurm
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 

@@ -43,9 +43,10 @@ class RunConfig:
     seed: int = 0
     """Base seed; each worker and rank derives its own from it."""
     minutes: float = 0.0
-    """Stop training after this many minutes (0: no time limit)."""
+    """Stop training after this many minutes of this invocation: a --resume gets them afresh (0: no limit)."""
     updates: int = 0
-    """Stop training after this many optimizer updates (0: no limit)."""
+    """Stop training once the run has made this many optimizer updates in all, counted across --resume (0: no
+    limit): a resumed run that has them already stops at once."""
     target_win_rate: float = 0.0
     """Stop once the evaluator's win rate against eval.opponent reaches this (0: never)."""
     num_workers: int = 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from pathlib import Path
@@ -30,8 +29,9 @@ def test_in_process_self_play_beats_random(tmp_path):
                 "--set", "run.target_win_rate=0.8", "--set", "optimizer.keep_versions=0",  # an early one is evaluated
                 "--no-progress", timeout=780)
     assert "as threads of one process" in out.stdout
-    pids = {json.loads(p.read_text())["pid"] for p in (run / "metrics").glob("*.json")}
-    assert len(list((run / "metrics").glob("*.json"))) >= 4 and len(pids) == 1  # four roles, one process
+    log = (run / "logs" / "in-process.log").read_text()  # every role's records in the one process's log
+    assert all(f"rapid.{role} " in log for role in ("optimizer-0", "rollout-w0", "evaluator"))
+    assert not (run / "logs" / "optimizer.log").exists()  # no role ran as a process of its own
     check_beats_random(run, started, out, within_s=10 * 60, target=0.8)
 
 

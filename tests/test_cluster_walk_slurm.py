@@ -1,0 +1,83 @@
+"""infra/deploy/slurm/rapid.sbatch submitted for real to a Slurm cluster on this machine (issue 24): the
+heterogeneous job trains, and while it runs every task is a Prometheus target under its node's name, listed
+in the run dir's file_sd list and answering /metrics."""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from pathlib import Path
+
+from rapid.infra.store import LocalStore
+from rapid.param_store import ParameterStore
+from tests.helpers import ROOT, wait_for
+from tests.slurm_cluster import slurm  # noqa: F401  (pytest finds fixtures by name)
+
+RUN_TOML = """
+[run]
+name = "slurm-walk"
+updates = 6
+[env]
+num_games = 8
+[model]
+hidden = 16
+lstm = 16
+conv_channels = []
+[rollout]
+upload_interval_s = 1.0
+param_poll_s = 1.0
+[optimizer]
+batch_samples = 32
+buffer_samples = 512
+decode_workers = 0
+[eval]
+interval_s = 0
+"""
+
+
+def scrape(target: str) -> str:
+    return urllib.request.urlopen(f"http://{target}/metrics", timeout=5).read().decode()
+
+
+def test_the_sbatch_script_trains_and_its_tasks_are_scrapeable(slurm, tmp_path):  # noqa: F811
+    config, run_dir, store = tmp_path / "run.toml", tmp_path / "run", tmp_path / "store"
+    config.write_text(RUN_TOML)
+    env = {**slurm.env, "PATH": f"{Path(sys.executable).parent}:{slurm.env['PATH']}"}
+    # The script's own header asks for 2 GPU nodes × 8 tasks and 16 CPU nodes × 64: the command line sizes
+    # each component down to this machine (one optimizer rank, two rollout workers), as on any cluster.
+    out = slurm.run("sbatch", "--parsable", f"--output={tmp_path}/job.out", f"--chdir={ROOT}",
+                    f"--export=ALL,RAPID_CONFIG={config},RAPID_STORE={store},RAPID_RUN_DIR={run_dir}",
+                    "--partition=gpu", "--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=1", ":",
+                    "--partition=cpu", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
+                    str(ROOT / "infra" / "deploy" / "slurm" / "rapid.sbatch"), env=env)
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.strip().split(";")[0]
+
+    def listed() -> list[dict]:
+        path = run_dir / "metrics" / "targets.json"
+        groups = json.loads(path.read_text()) if path.exists() else []
+        roles = sorted(g["labels"]["role"] for g in groups)
+        return groups if roles == ["optimizer", "rollout", "rollout"] else []
+
+    def job_log() -> str:
+        path = tmp_path / "job.out"
+        return path.read_text()[-4000:] if path.exists() else "(no job output yet)"
+
+    try:
+        try:
+            groups = wait_for(listed, 120, "the job's three tasks in targets.json")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{job_log()}\n{slurm.logs()}") from None
+        for group in groups:
+            (target,) = group["targets"]
+            assert not target.startswith("127."), f"{target}: registered under loopback, unreachable off-node"
+            assert group["labels"]["run"] == "slurm-walk"
+            assert "rapid_process_start_time_seconds" in scrape(target)
+        wait_for(lambda: slurm.job_done(job), 180, "the job to end")
+    finally:
+        slurm.run("scancel", job)
+    assert "rapid optimizer finished (exit code 0)" in job_log(), job_log()
+    records = [json.loads(line) for line in (run_dir / "logs" / "optimizer.jsonl").read_text().splitlines()]
+    assert records[-1]["update"] >= 6 and records[-1]["samples_received"] > 0
+    assert ParameterStore(LocalStore(store)).latest_version() >= 1
