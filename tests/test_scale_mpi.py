@@ -330,7 +330,8 @@ def test_retention_logs_what_it_removed(s3_store, caplog):
     time.sleep(0.05)
     loader.poll_once()
     assert s3_store.list("experience/") == [] and loader.stats.deleted == len(keys)
-    assert any("retention" in r.getMessage() and str(len(keys)) in r.getMessage() for r in caplog.records)
+    # One note (at most one a minute): the first deletions are noted, the rest counted in the stats above.
+    assert any(r.getMessage().startswith("retention: deleted") for r in caplog.records)
 
 
 def test_a_rank_that_raises_ends_the_job_with_one_clear_line(tmp_path):
