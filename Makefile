@@ -30,7 +30,7 @@ train: setup
 
 test: setup prometheus slurm
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 clean:
 	rm -rf $(VENV) runs
