@@ -32,6 +32,10 @@ class PPOConfig:
     lr_final: float = -1.0
     """Learning rate at the end of the run's budget (run.minutes or run.updates), linearly (negative: lr
     throughout; so too in a run without a budget)."""
+    settle_until_update: int = 0
+    """Updates before this one (counted over the whole run, across --resume) step with learning rate 0:
+    Adam's moments settle while the weights stay, as OpenAI Five did after each surgery (`rapid surgery
+    --settle-updates N` sets it). 0: none."""
     clip: float = 0.2
     """PPO ratio clip."""
     gae_lambda: float = 0.95

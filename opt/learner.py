@@ -140,10 +140,11 @@ class Learner:
         self.skipped = 0
 
     def schedule(self, progress: float) -> tuple[float, float]:
-        """(learning rate, entropy bonus) when ``progress`` (0 to 1) of the run's budget is done."""
+        """(learning rate, entropy bonus) when ``progress`` (0 to 1) of the run's budget is done; the learning
+        rate is 0 before update ``ppo.settle_until_update`` (Adam's moments settle, the weights stay)."""
         s = self.ppo
-        return (losses.linear_schedule(s.lr, s.lr_final, progress),
-                losses.linear_schedule(s.entropy_coef, s.entropy_final, progress))
+        lr = 0.0 if self.updates < s.settle_until_update else losses.linear_schedule(s.lr, s.lr_final, progress)
+        return lr, losses.linear_schedule(s.entropy_coef, s.entropy_final, progress)
 
     def stage(self, batch: dict[str, np.ndarray | torch.Tensor], part: slice = slice(None),
               keys: tuple[str, ...] = STAGED) -> dict[str, torch.Tensor]:

@@ -72,6 +72,21 @@ def test_learning_rate_and_entropy_bonus_follow_the_runs_progress():
     assert steps[0.5] == pytest.approx(steps[0.0] / 2, rel=0.05) and steps[1.0] == 0.0
 
 
+def test_settling_updates_move_adams_moments_but_not_the_weights():
+    """After a surgery (ppo.settle_until_update) the learner steps with learning rate 0 until that update:
+    the weights and normalizers stay, Adam's moments fill; from that update on it learns as usual."""
+    batch = played_batch(make_policy(), seed=2)
+    learner = Learner(make_policy(), PPOConfig(lr=1e-3, settle_until_update=2, normalize_returns=False))
+    before = {k: v.copy() for k, v in learner.policy.tensors().items()}
+    for _ in range(2):
+        assert learner.update(batch)["lr"] == 0.0
+    moved = [k for k, v in learner.policy.tensors().items() if not np.array_equal(v, before[k])]
+    assert moved and all(k.startswith("obs_norm") for k in moved), moved
+    assert any(float(s["exp_avg_sq"].abs().sum()) > 0 for s in learner.adam.state.values())
+    assert learner.update(batch)["lr"] == 1e-3 and learner.updates == 3
+    assert not np.array_equal(learner.policy.tensors()["logits.weight"], before["logits.weight"])
+
+
 def test_microbatches_do_not_change_the_gradient():
     batch = played_batch(make_policy(), S=12, seed=2)
     batch["active"][:4] = False                # chunks with very different numbers of learner steps

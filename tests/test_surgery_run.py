@@ -86,6 +86,15 @@ def test_the_plan_is_shown_and_nothing_is_written(trained, tmp_path):
     assert contents(run) == before
 
 
+def test_settle_updates_hold_the_learning_rate_at_zero_after_the_surgery(trained, tmp_path):
+    run, store = copy_run(trained, tmp_path)
+    code, out, err = call("--run-dir", str(run), *CHANGE, "--settle-updates", "4")
+    assert code == 0, err
+    assert "ppo.settle_until_update: 0 → 10" in out  # the checkpoint holds 6 updates
+    code, _, err = call("--run-dir", str(run), *CHANGE, "--settle-updates", "-1")
+    assert code == 2 and "--settle-updates must be 0 or more" in err
+
+
 def test_surgery_then_resume_goes_on_in_the_new_shape(trained, tmp_path):
     run, store = copy_run(trained, tmp_path)
     old_snapshots = {m: store.get(f"league/snapshots/{m}.rpm") for m in ("v000000000002", "v000000000004")}

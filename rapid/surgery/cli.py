@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", "-s", metavar="SECTION.KEY=VALUE", action="append", default=[],
                         help="the change, e.g. --set model.lstm=256 --set env.options.observe_cooldowns=true")
     parser.add_argument("--apply", action="store_true", help="write it (default: show the plan, write nothing)")
+    parser.add_argument("--settle-updates", type=int, default=0, metavar="N",
+                        help="after the surgery, train N updates with learning rate 0 so Adam's moments settle "
+                             "while the weights stay (OpenAI Five's practice; sets ppo.settle_until_update)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the new units' weights and the check's games")
     parser.add_argument("--new-action-bias", type=float, default=-30.0,
                         help="bias of a new action's logit (default -30: chosen with probability ~e^-30)")
@@ -40,6 +43,23 @@ def _configs(args):
         raise UsageError(f"{args.run_dir} is not a run directory (no config.toml)")
     pinned = [f'run.dir="{Path(args.run_dir).as_posix()}"'] + ([f'store.url="{args.store}"'] if args.store else [])
     return load_config(path, pinned), load_config(path, [*pinned, *args.set])
+
+
+def _settle(args, new_cfg, store):
+    """``new_cfg`` with ``ppo.settle_until_update`` N updates past the run's newest checkpoint."""
+    from dataclasses import replace
+
+    from rapid.checkpoints import load_latest_checkpoint
+    from rapid.errors import UsageError
+
+    if args.settle_updates < 0:
+        raise UsageError(f"--settle-updates must be 0 or more, not {args.settle_updates}")
+    if not args.settle_updates:
+        return new_cfg
+    newest = load_latest_checkpoint(store)
+    if newest is None:
+        raise UsageError(f"{store.describe()} has no usable checkpoint to operate on")
+    return replace(new_cfg, ppo=replace(new_cfg.ppo, settle_until_update=newest.updates + args.settle_updates))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,6 +85,7 @@ def _run(args) -> int:
 
     old_cfg, new_cfg = _configs(args)
     store = open_run_store(old_cfg)
+    new_cfg = _settle(args, new_cfg, store)
     states = surgery_states(store)
     pending = [v for v, done in states.items() if not done]
     leftovers = [v for v, done in states.items() if done and store.list(surgery_stage_prefix(v))]
