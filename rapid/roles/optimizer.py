@@ -280,7 +280,7 @@ def _balance_inputs(b) -> dict[str, int]:
 
 
 def _publish(writer: BackgroundWriter, params: ParameterStore, league, tensors, version: int, updates: int,
-             stop: StopFlag, log, keep: int, deadline: float) -> None:
+             stop: StopFlag, log, keep: int, deadline: float = math.inf) -> None:
     """Queue version ``version`` (a copy of the weights): the object, then LATEST, then the league snapshot;
     versions older than the newest ``keep`` are deleted (0: none)."""
     def job():
