@@ -93,6 +93,22 @@ def _process_gone(holder: Holder) -> bool:
     return False
 
 
+def _epochs(store: Store) -> list[int]:
+    return sorted(e for e in map(parse_lease_key, store.list(LEASE_PREFIX)) if e is not None)
+
+
+def read_head(store: Store) -> tuple[int, Holder | None]:
+    """The newest lease epoch of the run (0: none yet) and its holder (None: no lease, or a malformed one).
+    Any role may read it: rollout workers and the evaluator ask whether the run still has an optimizer."""
+    epochs = _epochs(store)
+    for epoch in reversed(epochs):
+        try:
+            return epoch, _decode(store.get(lease_key(epoch)))
+        except KeyNotFound:  # collected between list and get: an older one is not the head either
+            continue
+    return (epochs[-1] if epochs else 0), None
+
+
 class RunLease:
     """One optimizer's claim on a run's store (see the module docstring)."""
 
@@ -115,16 +131,10 @@ class RunLease:
         return json.dumps(asdict(holder)).encode()
 
     def _epochs(self) -> list[int]:
-        return sorted(e for e in map(parse_lease_key, self.store.list(LEASE_PREFIX)) if e is not None)
+        return _epochs(self.store)
 
     def _head(self) -> tuple[int, Holder | None]:
-        epochs = self._epochs()
-        for epoch in reversed(epochs):
-            try:
-                return epoch, _decode(self.store.get(lease_key(epoch)))
-            except KeyNotFound:  # collected between list and get: an older one is not the head either
-                continue
-        return (epochs[-1] if epochs else 0), None
+        return read_head(self.store)
 
     def acquire(self, attempts: int = 5) -> RunLease:
         """Take the lease, or raise LeaseHeld naming the holder. Nothing else is written either way."""

@@ -30,8 +30,8 @@ import time
 from collections.abc import Callable
 
 from rapid.config import Config
-from rapid.infra.store import KeyNotFound, Store, StoreError
-from rapid.store_map import LEASE_PREFIX, lease_key, load_json, parse_lease_key
+from rapid.infra.store import Store, StoreError
+from rapid.lease import read_head
 
 
 def quiet_s(cfg: Config) -> float:
@@ -59,18 +59,11 @@ class RunWatch:
             return None
 
     def _read_lease(self) -> str | None:
-        epochs = sorted(e for e in map(parse_lease_key, self.store.list(LEASE_PREFIX)) if e is not None)
-        for epoch in reversed(epochs):
-            try:
-                doc = load_json(self.store.get(lease_key(epoch)))
-            except KeyNotFound:  # collected between list and get
-                continue
-            if not isinstance(doc, dict):
-                return None
-            if doc.get("released") is True:
-                return "stopped (it released the run)"
-            expires = doc.get("expires")
-            if isinstance(expires, int | float) and expires < self.clock():
-                return "stopped renewing its lease (it died, or its host lost the store)"
+        _, holder = read_head(self.store)
+        if holder is None:
             return None
+        if holder.released:
+            return "stopped (it released the run)"
+        if holder.expires < self.clock():
+            return "stopped renewing its lease (it died, or its host lost the store)"
         return None
