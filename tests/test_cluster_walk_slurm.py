@@ -17,7 +17,7 @@ from tests.slurm_cluster import slurm  # noqa: F401  (pytest finds fixtures by n
 RUN_TOML = """
 [run]
 name = "slurm-walk"
-updates = 6
+minutes = 0.3    # outlives the 2 s refresh of targets.json many times over (6 updates took 2 s in CI)
 [env]
 num_games = 8
 [model]
