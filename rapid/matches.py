@@ -96,6 +96,10 @@ class MatchScore:
     losses: int
     draws: int
     mean_length: float
+    at_limit: int = 0
+    """Games cut at the env's time limit (decided there by the game's tie-break, e.g. moba's structure HP)."""
+    wins_before_limit: int = 0
+    """Wins that ended the game before the time limit (in moba: the enemy ancient destroyed)."""
 
     @property
     def games(self) -> int:
@@ -111,7 +115,9 @@ class MatchScore:
     def line(self, a: str, b: str) -> str:
         lo, hi = self.interval()
         return (f"{a} vs {b}: won {self.wins}, lost {self.losses}, drew {self.draws} of {self.games} games; "
-                f"win rate {self.win_rate:.3f} (95% CI {lo:.3f}–{hi:.3f}), mean length {self.mean_length:.1f}")
+                f"win rate {self.win_rate:.3f} (95% CI {lo:.3f}–{hi:.3f}), mean length {self.mean_length:.1f}"
+                + (f"; {self.at_limit} reached the time limit, {self.wins_before_limit} of the wins came before it"
+                   if self.at_limit else ""))
 
 
 def batch_size(games: int, max_batch: int = 256) -> int:
@@ -133,7 +139,7 @@ def play_match(env: VecMultiAgentEnv, player_a: Player, player_b: Player, games:
     sides = np.asarray(env.spec.side_of_agent)
     played = np.zeros(B, dtype=np.int64)
     side_a = np.arange(B) % 2
-    wins = losses = draws = 0
+    wins = losses = draws = at_limit = wins_before_limit = 0
     lengths = []
     step = env.reset(seed=seed)
     while (played < quota).any():
@@ -152,12 +158,14 @@ def play_match(env: VecMultiAgentEnv, player_a: Player, player_b: Player, games:
                     draws += 1
                 elif ep.winner == side_a[b]:
                     wins += 1
+                    wins_before_limit += not ep.truncated
                 else:
                     losses += 1
                 lengths.append(ep.length)
+                at_limit += ep.truncated
             played[b] += 1
             side_a[b] = 1 - side_a[b]
-    return MatchScore(wins, losses, draws, float(np.mean(lengths)) if lengths else 0.0)
+    return MatchScore(wins, losses, draws, float(np.mean(lengths)) if lengths else 0.0, at_limit, wins_before_limit)
 
 
 def load_policy(cfg: Config, spec: EnvSpec, params: ParameterStore, version: int) -> Policy:

@@ -13,6 +13,7 @@ from rapid.envs.moba import MobaVecEnv
 from rapid.envs.moba.config import ATTACK, HEAL, NOOP, NUKE, STUN
 from rapid.envs.moba.pz import MobaParallelEnv
 from rapid.envs.moba.render import render_frame, write_gif
+from rapid.matches import play_match
 from rapid.replay import write_replay
 
 
@@ -279,3 +280,14 @@ def test_heal_and_stun_masks() -> None:
     assert step.action_mask[0, 0, HEAL]
     env.step(act(env, h0=(HEAL, 0, slot_of(env, 0, 0, 0))))
     assert st.hp[0, 0] > 100.0 + env.cfg.heal_amount - 1
+
+
+def test_a_match_counts_games_cut_at_the_time_limit_and_wins_before_it() -> None:
+    """Three laners against idle heroes destroy the base in about two minutes; in 30 s nobody can."""
+    short = MobaVecEnv(num_games=6, seed=0, max_seconds=30.0)
+    cut = play_match(short, short.make_bot("lane"), short.make_bot("idle"), 6)
+    assert (cut.at_limit, cut.wins_before_limit) == (6, 0) and "6 reached the time limit" in cut.line("a", "b")
+    long = MobaVecEnv(num_games=6, seed=0, heroes_per_side=3, max_seconds=360.0)
+    pushed = play_match(long, long.make_bot("lane"), long.make_bot("idle"), 6)
+    assert (pushed.wins, pushed.at_limit, pushed.wins_before_limit) == (6, 0, 6)
+    assert "time limit" not in pushed.line("a", "b")

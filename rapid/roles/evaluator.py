@@ -54,7 +54,8 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
             out.write({"version": version, "opponent": cfg.eval.opponent, "games": result.games,
                        "wins": result.wins, "losses": result.losses, "draws": result.draws,
                        "win_rate": result.win_rate, "ci_low": lo, "ci_high": hi,
-                       "mean_length": result.mean_length, "eval_s": time.time() - started, **rating})
+                       "mean_length": result.mean_length, "at_limit": result.at_limit,
+                       "wins_before_limit": result.wins_before_limit, "eval_s": time.time() - started, **rating})
             log.info(result.line(f"v{version}", cfg.eval.opponent))
             pool_result = _play_pool(cfg, env, league, policy, version, max(games // 2, 1), rounds, log)
             if pool_result:
