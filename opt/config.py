@@ -59,7 +59,11 @@ class PPOConfig:
     adam_eps: float = 1e-5
     """Adam's ε."""
     team_spirit: float = 0.3
-    """0: each agent's own reward; 1: its team's mean reward."""
+    """0: each agent's own reward; 1: its team's mean reward (at the start of the run)."""
+    team_spirit_final: float = -1.0
+    """Team spirit at the end of the run's budget, linearly, as OpenAI Five raised it from 0.3 towards 1: heroes
+    first learn what pays them, then play for the team (negative: team_spirit throughout). The optimizer stamps
+    each published version with its value; rollout workers mix rewards with the value of the version they play."""
     zero_sum: bool = True
     """Subtract the enemy team's mean reward, so one side's gain is the other's loss."""
     obs_clip: float = 5.0
@@ -87,5 +91,7 @@ class PPOConfig:
                 e.append(f"ppo.{key} must be within [0, 1) (got {value})")
         check_positive(e, "ppo.adam_eps", self.adam_eps)
         check_unit(e, "ppo.team_spirit", self.team_spirit)
+        if self.team_spirit_final >= 0:
+            check_unit(e, "ppo.team_spirit_final", self.team_spirit_final)
         check_positive(e, "ppo.obs_clip", self.obs_clip)
         return e

@@ -27,6 +27,7 @@ asymmetric games.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -58,6 +59,19 @@ class RolloutSettings:
         d = cfg.derive(spec.seconds_per_step)
         return cls(bptt=cfg.rollout.bptt, segment_steps=d.segment_steps, gamma=d.gamma,
                    gae_lambda=cfg.ppo.gae_lambda, team_spirit=cfg.ppo.team_spirit, zero_sum=cfg.ppo.zero_sum)
+
+
+def stamped_team_spirit(meta: Mapping | None, default: float) -> float:
+    """The team spirit a params object's meta names (the optimizer's schedule), else ``default``: a value that
+    is not a number within [0, 1] is not trusted (stored objects may be hostile).
+
+    >>> stamped_team_spirit({"team_spirit": 0.6}, 0.3), stamped_team_spirit({"team_spirit": "1"}, 0.3)
+    (0.6, 0.3)
+    """
+    value = (meta or {}).get("team_spirit")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0:
+        return float(value)
+    return default
 
 
 @dataclass
@@ -99,6 +113,7 @@ class RolloutWorker:
         self.B, self.A = env.num_games, spec.num_agents
         self.sides = np.asarray(spec.side_of_agent)
         self.version = -1
+        self.team_spirit = settings.team_spirit
         self.step_result: StepResult = env.reset(seed=seed)
         self.state = policy.initial_state(self.B * self.A)
         self.decisions = Decisions(self.B * self.A, settings.segment_steps, settings.bptt, spec.obs_dim,
@@ -107,9 +122,11 @@ class RolloutWorker:
         self.game_opponent = [self.opponents.choose(self.rng) for _ in range(self.B)]
         self._control: list[tuple[Opponent | None, torch.Tensor]] | None = None
 
-    def set_params(self, version: int, tensors: dict[str, np.ndarray]) -> None:
+    def set_params(self, version: int, tensors: dict[str, np.ndarray], meta: Mapping | None = None) -> None:
+        """Play ``version`` from now on; its ``meta`` may carry the team spirit to mix rewards with."""
         self.policy.load_tensors(tensors)
         self.version = version
+        self.team_spirit = stamped_team_spirit(meta, self.settings.team_spirit)
 
     def _controllers(self) -> list[tuple[Opponent | None, torch.Tensor]]:
         """Who acts for which agent: the rows of every controller (None for the learner). It only changes when a
@@ -194,7 +211,7 @@ class RolloutWorker:
             moving = self.env.spec.moving(step.active).reshape(R)
             actions = self._act(step, moving)
             nxt = self.env.step(actions.reshape(self.B, self.A, -1))
-            rewards = losses.mix_rewards(nxt.rewards, self.sides, s.team_spirit, s.zero_sum)
+            rewards = losses.mix_rewards(nxt.rewards, self.sides, self.team_spirit, s.zero_sum)
             self.decisions.after_step(rewards.reshape(R), np.repeat(nxt.done, self.A), self._values_at_cuts(nxt))
             for ep in nxt.episodes:
                 self._game_over(ep.game, ep, episodes)

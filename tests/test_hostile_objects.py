@@ -218,9 +218,9 @@ def test_poller_survives_bombs_fifos_and_garbage_and_takes_the_next_good_version
         plant(store, 3, b"\x00" * 100)                                     # garbage
         wait_for(lambda: len(failures) >= 3)
         assert poller.alive() and poller.take() is None and poller.behind_s() > 0
-        params.publish(4, tensors(4))
-        version, got = wait_for(poller.take)
-        assert version == 4 and got["w"][0, 0] == 4
+        params.publish(4, tensors(4), meta={"team_spirit": 0.7})
+        version, got, meta = wait_for(poller.take)
+        assert version == 4 and got["w"][0, 0] == 4 and meta["team_spirit"] == 0.7  # the schedule travels too
         wait_for(lambda: poller.behind_s() == 0)
         assert len(failures) == 3  # each bad version was tried once, not at every poll
     finally:

@@ -270,3 +270,26 @@ def test_a_game_cut_at_a_time_limit_bootstraps_where_the_agent_cannot_see_the_cl
     assert np.isclose(gain, 0.9 * 3.0).sum() >= 8, "each of the 8 agent rows' last decision before a cut"
     assert np.isclose(gain, 0.0).sum() + np.isclose(gain, 0.9 * 3.0).sum() == gain.size
     np.testing.assert_array_equal(returns(3.0, clock_in_obs=True), base)
+
+
+def test_the_worker_mixes_rewards_with_the_team_spirit_its_version_was_stamped_with(monkeypatch):
+    """The optimizer's team-spirit schedule reaches the games through each version's meta; a version without one,
+    or with a value that is no team spirit, is played with the config's."""
+    from rapid import rollout_worker
+    from rapid.envs.moba import MobaVecEnv
+
+    used = []
+    mix = rollout_worker.losses.mix_rewards
+    monkeypatch.setattr(rollout_worker.losses, "mix_rewards",
+                        lambda rewards, sides, spirit, zero_sum: used.append(spirit) or mix(rewards, sides, spirit,
+                                                                                         zero_sum))
+    env = MobaVecEnv(num_games=2, seed=0, heroes_per_side=2)
+    policy = Policy(env.spec.obs_dim, env.spec.action_heads, hidden=16, encoder_layers=1, lstm=8)
+    settings = RolloutSettings(bptt=4, segment_steps=4, gamma=0.99, gae_lambda=0.95, team_spirit=0.3, zero_sum=True)
+    w = RolloutWorker(env, policy, settings, seed=0)
+    for meta, expected in (({"updates": 9, "team_spirit": 0.75}, 0.75), ({"updates": 9}, 0.3),
+                           ({"team_spirit": 7.0}, 0.3), ({"team_spirit": True}, 0.3)):
+        used.clear()
+        w.set_params(1, policy.tensors(), meta)
+        w.collect()
+        assert used == [expected] * 4, meta

@@ -34,6 +34,7 @@ from rapid.loader import ExperienceLoader
 from rapid.monitoring.metrics import OptimizerMetrics
 from rapid.opt.buffer import ExperienceBuffer
 from rapid.opt.learner import Learner, allow_tf32, precision_settings
+from rapid.opt.losses import linear_schedule
 from rapid.param_store import ParameterStore
 from rapid.publisher import BackgroundWriter
 from rapid.roles.league_keeper import LeagueKeeper
@@ -138,7 +139,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
     if ctx is not None:
         ctx.broadcast_parameters(policy, src=0)  # also the barrier after which every rank reads the layout
     if lead and not resume:
-        params.publish(version, policy.tensors(), {"updates": learner.updates, "env": cfg.env.name})
+        params.publish(version, policy.tensors(), {**version_meta(cfg, learner.updates, 0.0), "env": cfg.env.name})
     league = LeagueKeeper(store, cfg) if lead else None
     metrics.param_version(version)
 
@@ -194,7 +195,8 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
                 if learner.updates > published_updates:  # so the final checkpoint holds a published version
                     version += 1
                     if lead:
-                        _publish(writer, params, league, policy.tensors(), version, learner.updates, stop, log,
+                        _publish(writer, params, league, policy.tensors(), version,
+                                 version_meta(cfg, learner.updates, time.time() - started), stop, log,
                                  o.keep_versions, deadline)
                     report.version(version)
                 _pool_games(loader, ctx, league, log)
@@ -234,8 +236,9 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
                 pos.version = version
                 last_publish, published_updates = time.monotonic(), learner.updates
                 if lead:
-                    _publish(writer, params, league, policy.tensors(), version, learner.updates, stop, log,
-                                 o.keep_versions, deadline)
+                    _publish(writer, params, league, policy.tensors(), version,
+                             version_meta(cfg, learner.updates, time.time() - started), stop, log,
+                             o.keep_versions, deadline)
                 report.version(version)
                 # 4. league: every rank's games since the last version, pooled; rank 0 folds them off this thread
                 _pool_games(loader, ctx, league, log)
@@ -279,12 +282,26 @@ def _balance_inputs(b) -> dict[str, int]:
             "backlog": b.unused}
 
 
-def _publish(writer: BackgroundWriter, params: ParameterStore, league, tensors, version: int, updates: int,
+def version_meta(cfg: Config, updates: int, elapsed_s: float) -> dict:
+    """What a published version says besides its weights: its update count, and the team spirit its games are to
+    be played with (the ppo.team_spirit schedule at this point of the run's budget).
+
+    >>> from rapid.config import RunConfig
+    >>> from rapid.opt.config import PPOConfig
+    >>> version_meta(Config(run=RunConfig(updates=100), ppo=PPOConfig(team_spirit=0.3, team_spirit_final=0.8)), 50, 9.0)
+    {'updates': 50, 'team_spirit': 0.55}
+    """
+    progress = run_progress(cfg, elapsed_s, updates)
+    return {"updates": updates, "team_spirit": linear_schedule(cfg.ppo.team_spirit, cfg.ppo.team_spirit_final,
+                                                                progress)}
+
+
+def _publish(writer: BackgroundWriter, params: ParameterStore, league, tensors, version: int, meta: dict,
              stop: StopFlag, log, keep: int, deadline: float = math.inf) -> None:
     """Queue version ``version`` (a copy of the weights): the object, then LATEST, then the league snapshot;
     versions older than the newest ``keep`` are deleted (0: none)."""
     def job():
-        _until_stored(f"publishing v{version}", lambda: params.publish(version, tensors, {"updates": updates}),
+        _until_stored(f"publishing v{version}", lambda: params.publish(version, tensors, meta),
                       stop, log, deadline)
         league.after_publish(version, tensors)
         try:

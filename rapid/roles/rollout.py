@@ -31,7 +31,7 @@ from rapid.store_map import read_run
 from rapid.uploader import Uploader
 
 
-def _wait_for_first_params(poller: ParamPoller, stop: StopFlag, log) -> tuple[int, dict] | None:
+def _wait_for_first_params(poller: ParamPoller, stop: StopFlag, log) -> tuple[int, dict, dict] | None:
     """The first good version the poller fetches; None if stopped before the optimizer published one."""
     started, warned = time.monotonic(), False
     while not stop:
@@ -158,7 +158,7 @@ def _linger(watch: RunWatch, gone: str, linger_s: float, stop: StopFlag, log) ->
     return False
 
 
-def _swap_params(worker: RolloutWorker, poller: ParamPoller, new: tuple[int, dict], in_use: int | None):
+def _swap_params(worker: RolloutWorker, poller: ParamPoller, new: tuple[int, dict, dict], in_use: int | None):
     """The version the worker plays after trying ``new``: tensors that do not fit the model (names,
     shapes) are rejected like any bad object and the worker keeps ``in_use``."""
     try:
@@ -187,7 +187,7 @@ class ParamPoller:
         self.on_failure, self.warn_every_s = on_failure, warn_every_s
         self._known: int | None = None
         self._bad: set[int] = set()
-        self._ready: tuple[int, dict] | None = None
+        self._ready: tuple[int, dict, dict] | None = None
         self._behind_since: float | None = None
         self._warned_at = -float("inf")
         self._lock = threading.Lock()
@@ -203,8 +203,8 @@ class ParamPoller:
     def alive(self) -> bool:
         return self._thread.is_alive() or self._stop.is_set()
 
-    def take(self) -> tuple[int, dict] | None:
-        """(version, tensors) of a newer version than the last taken, or None."""
+    def take(self) -> tuple[int, dict, dict] | None:
+        """(version, tensors, meta) of a newer version than the last taken, or None."""
         with self._lock:
             ready, self._ready = self._ready, None
         return ready
@@ -249,7 +249,7 @@ class ParamPoller:
             return
         for version in self._candidates(latest):
             try:
-                tensors = self.params.fetch(version).tensors
+                fetched = self.params.fetch(version)
             except KeyNotFound as e:
                 self._failed(f"v{version} is published but missing: {e}")
                 continue
@@ -258,7 +258,7 @@ class ParamPoller:
                 self._failed(f"v{version} is a bad params object, skipped: {e}")
                 continue
             with self._lock:
-                self._ready, self._known = (version, tensors), version
+                self._ready, self._known = (version, fetched.tensors, fetched.meta), version
             if version == latest:
                 self._behind_since = None
             return
