@@ -189,7 +189,11 @@ class LeagueConfig:
     bots: list[str] = field(default_factory=list)
     """Scripted bots of the env that join the pool (e.g. ['random', 'lane'])."""
     refresh_s: float = 30.0
-    """Seconds between pool re-reads in rollout workers."""
+    """Seconds between pool re-reads in rollout workers, and between their draws of a new slate."""
+    slate_size: int = 2
+    """Past snapshots a rollout worker's games are drawn from at a time (redrawn every refresh_s): each game's
+    opponent still follows the pool's distribution, but every distinct past policy in play is one more forward
+    pass a step (benchmarks/bench_opponents.py)."""
     max_snapshots: int = 64
     """Active snapshots in the pool; past it the lowest-quality unpinned one is retired (0: no limit)."""
     keep_retired: int = 64

@@ -90,6 +90,7 @@ def validate(cfg: Config) -> list[str]:
         e.append(f"league.scheme must be 'openai_five' or 'pfsp' (got {lg.scheme!r})")
     _positive(e, "league.pfsp_power", lg.pfsp_power, allow_zero=True)
     _positive(e, "league.refresh_s", lg.refresh_s)
+    _positive(e, "league.slate_size", lg.slate_size)
     _positive(e, "league.max_snapshots", lg.max_snapshots, allow_zero=True)
     if lg.keep_retired < -1:
         e.append(f"league.keep_retired must be -1 (keep all), 0 or more (got {lg.keep_retired})")

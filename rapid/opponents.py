@@ -36,7 +36,8 @@ Usage (inside a rollout worker)::
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+import math
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -53,38 +54,68 @@ log = logging.getLogger(__name__)
 
 
 class LeagueOpponents:
-    """An OpponentSource backed by the league pool; a snapshot's policy is built once and cached."""
+    """An OpponentSource backed by the league pool.
+
+    Every distinct past policy a worker's games play against costs one more forward pass a step, so past snapshots
+    are played from a slate: ``league.slate_size`` draws from the pool's distribution over snapshots, redrawn every
+    ``league.refresh_s``; a game against the past takes one entry of the slate at random. Each game's opponent is
+    still distributed as the pool says, but a worker's games hold about two slates of past policies at most (the
+    current one, and the one before in the games still running) where a draw per game meant up to one per game
+    (``benchmarks/bench_opponents.py``). Policies are built once per slate and kept while drawn again.
+    """
 
     def __init__(self, league: League, cfg: Config, env: VecMultiAgentEnv, make_policy: Callable[[], Policy],
-                 cache_size: int = 4):
-        self.sampler = OpponentSampler(league, cfg.league, cache_size=cache_size)
-        self.env, self.make_policy, self.cache_size = env, make_policy, cache_size
+                 clock: Callable[[], float] = time.monotonic):
+        self.slate_size = cfg.league.slate_size
+        self.sampler = OpponentSampler(league, cfg.league, cache_size=self.slate_size)
+        self.env, self.make_policy, self.clock = env, make_policy, clock
         self._latest = Opponent(LATEST)
-        self._cache: OrderedDict[str, Opponent] = OrderedDict()
+        self._bots: dict[str, Opponent] = {}
+        self._slate: list[Opponent] = []
+        self._drawn_at = -math.inf
         self.load_failures = 0
 
     def choose(self, rng: np.random.Generator) -> Opponent:
         choice = self.sampler.choose(rng)
         if choice.kind == "latest":
             return self._latest
-        if choice.id in self._cache:
-            self._cache.move_to_end(choice.id)
-            return self._cache[choice.id]
+        if choice.kind == "bot":
+            if choice.id not in self._bots:
+                self._bots[choice.id] = self._load(choice.id, "bot")
+            return self._bots[choice.id]
+        slate = self.slate(rng)
+        return slate[int(rng.integers(len(slate)))] if slate else self._latest
+
+    def slate(self, rng: np.random.Generator) -> list[Opponent]:
+        """The past opponents new games are drawn from now (redrawn every ``league.refresh_s``)."""
+        now = self.clock()
+        if self._slate and now - self._drawn_at < self.sampler.refresh_s:
+            return self._slate
+        self._drawn_at = now
+        built = {o.id: o for o in self._slate}
+        slate = []
+        for _ in range(self.slate_size):
+            pick = self.sampler.choose_past(rng)
+            if pick is None:
+                break
+            if pick.id not in built:
+                built[pick.id] = self._load(pick.id, "snapshot")
+            slate.append(built[pick.id])
+        self._slate = slate
+        return slate
+
+    def _load(self, member_id: str, kind: str) -> Opponent:
         try:
-            opponent = self._build(choice.id, choice.kind)
+            return self._build(member_id, kind)
         except (StoreError, KeyNotFound, FormatError, ValueError, KeyError) as e:
             # A snapshot that cannot be loaded must not stop the worker: play the latest policy instead.
             self.load_failures += 1
-            log.warning("cannot load opponent %s (%s); playing the latest policy", choice.id, e)
+            log.warning("cannot load opponent %s (%s); playing the latest policy", member_id, e)
             return self._latest
-        self._cache[choice.id] = opponent
-        if len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
-        return opponent
 
     def _build(self, member_id: str, kind: str) -> Opponent:
         if kind == "bot":
-            return Opponent(member_id, bot=self.env.make_bot(member_id.removeprefix("bot:"), seed=len(self._cache)))
+            return Opponent(member_id, bot=self.env.make_bot(member_id.removeprefix("bot:"), seed=len(self._bots)))
         policy = self.make_policy()
         policy.load_tensors(self.sampler.load_params(member_id).tensors)
         policy.eval()

@@ -172,6 +172,16 @@ class OpponentSampler:
         i = min(int(np.searchsorted(self._cumulative, u, side="right")), len(self._ids) - 1)
         return choice_for(self.state, self._ids[i])
 
+    def choose_past(self, rng: np.random.Generator) -> OpponentChoice | None:
+        """A past snapshot drawn from the pool's distribution over snapshots alone; None when it holds none."""
+        self.refresh()
+        past = past_probabilities(self.state, self.config)
+        if not past:
+            return None
+        cumulative = np.cumsum(list(past.values()))
+        i = min(int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right")), len(past) - 1)
+        return choice_for(self.state, list(past)[i])
+
     def load_params(self, member_id: str) -> ParamsObject:
         """A snapshot's weights, from a small LRU cache (snapshots are immutable: never stale)."""
         if member_id in self._cache:
