@@ -132,6 +132,21 @@ def base_kills(run_dir: Path) -> str:
     return f"{early} of {wins} won evaluation games destroyed the base before the time limit"
 
 
+def throughput(run_dir: Path, every_min: float = 5.0) -> str:
+    """Agent-steps per second the run's workers delivered in each ``every_min`` minutes (the optimizer's log)."""
+    rows = [json.loads(line) for line in (run_dir / "logs" / "optimizer.jsonl").read_text().splitlines() if line]
+    if not rows:
+        return "no optimizer records"
+    start, marks, out = rows[0]["time"], [rows[0]], []
+    for r in rows[1:]:
+        if r["time"] - marks[-1]["time"] >= 60 * every_min or r is rows[-1]:
+            marks.append(r)
+    for a, b in zip(marks, marks[1:]):
+        rate = (b["env_steps"] - a["env_steps"]) / max(b["time"] - a["time"], 1e-9)
+        out.append(f"{(a['time'] - start) / 60:.0f}–{(b['time'] - start) / 60:.0f} min {rate:,.0f}")
+    return "agent-steps/s " + ", ".join(out)
+
+
 def bench_moba(out: Path, what: str, minutes: float | None, games: int, seeds: list[int]) -> None:
     config, default_minutes, target = MOBA[what]
     minutes = minutes or default_minutes
@@ -143,6 +158,7 @@ def bench_moba(out: Path, what: str, minutes: float | None, games: int, seeds: l
         points = curves[f"seed {seed}"] = curve(run, started, "lane")
         first = next((m for m, _, w in points if w >= target), None)
         print(f"[{what} seed {seed}] curve vs lane (min, version, win rate): {points}")
+        print(f"[{what} seed {seed}] {throughput(run)}")
         print(f"[{what} seed {seed}] first ≥ {target:.0%} vs lane at {first} min; {base_kills(run)}; "
               f"final: {evaluate(run, 'bot:lane', games)} ({load()})", flush=True)
     plot_curves(curves, "lane", out / f"{Path(config).stem}-self-play.png", target)
