@@ -8,6 +8,7 @@ import pytest
 from pettingzoo.test import parallel_api_test, parallel_seed_test
 from PIL import Image
 
+from rapid.config import load_config
 from rapid.envs.base import head_offsets
 from rapid.envs.moba import MobaVecEnv
 from rapid.envs.moba.config import ATTACK, HEAL, NOOP, NUKE, STUN
@@ -291,3 +292,13 @@ def test_a_match_counts_games_cut_at_the_time_limit_and_wins_before_it() -> None
     pushed = play_match(long, long.make_bot("lane"), long.make_bot("idle"), 6)
     assert (pushed.wins, pushed.at_limit, pushed.wins_before_limit) == (6, 0, 6)
     assert "time limit" not in pushed.line("a", "b")
+
+
+def test_the_shipped_1v1_game_can_be_won_by_destroying_the_base() -> None:
+    """A lone hero can bring down the structures of configs/moba-1v1.toml within its time limit: `lane` against
+    an idle hero destroys the base in every game, so a trained policy can too (at the game's default structure
+    HP it was cut at the limit in nearly every game)."""
+    options = load_config("configs/moba-1v1.toml", []).env.options
+    env = MobaVecEnv(num_games=8, seed=0, **options)
+    score = play_match(env, env.make_bot("lane"), env.make_bot("idle"), 8)
+    assert (score.wins, score.wins_before_limit) == (8, 8), score.line("lane", "idle")
