@@ -88,12 +88,22 @@ def build_parser() -> argparse.ArgumentParser:
                            help="worker name (default: RAPID_WORKER_ID, else w<MPI/Slurm rank>, else w<pid>)")
             p.add_argument("--seed", type=int, help="worker seed (default: run.seed and the worker's rank)")
 
-    p = sub.add_parser("replay", help="write an animated GIF of one moba match")
+    p = sub.add_parser(
+        "replay", help="write an animated GIF of one moba match", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Play one moba game, the first PLAYER on side 0 (blue, left), and write it as an animated GIF.",
+        epilog="examples:\n"
+               "  rapid replay lane random --out lane-vs-random.gif\n"
+               "  rapid replay --run-dir runs/moba-3v3 latest lane --greedy --frame-every 2 --out team.gif")
     _run_dir_arg(p)
-    p.add_argument("players", nargs=2, metavar="PLAYER", help="bot name (random, idle, lane) or params version")
+    p.add_argument("players", nargs=2, metavar="PLAYER",
+                   help="bot name (random, idle, lane), or with --run-dir a params version (latest, 120, v120)")
     p.add_argument("--out", default="replay.gif", help="output GIF (default replay.gif)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-steps", type=int)
+    p.add_argument("--seed", type=int, default=0, help="game and bot seed (default 0)")
+    p.add_argument("--max-steps", type=int, help="stop after this many steps (default: the game's time limit)")
+    p.add_argument("--greedy", action="store_true", help="policies play their most likely action (default: sample)")
+    p.add_argument("--frame-every", type=int, default=1, metavar="K",
+                   help="draw every K-th step (default 1; 2 or 3 keep a long game's GIF small)")
+    p.add_argument("--fps", type=float, default=10.0, help="frames per second of the GIF (default 10)")
 
     p = sub.add_parser("report", help="write PNG plots of a run from its logs")
     p.add_argument("run_dir", metavar="RUN_DIR")
@@ -249,12 +259,24 @@ def cmd_replay(args) -> int:
     if not args.run_dir and any(p not in bots for p in args.players):
         raise UsageError(f"without --run-dir only bots can play ({', '.join(bots)})")
     params = ParameterStore(open_run_store(cfg)) if args.run_dir else None
-    players = [p if p in bots else make_player(p, cfg, env, params, seed=args.seed) for p in args.players]
-    result = write_replay(cfg.env.options, players, args.out, seed=args.seed, max_steps=args.max_steps)
-    outcome = "cut at --max-steps" if result is None else (
-        "a draw" if result.winner < 0 else f"won by {args.players[result.winner]}")
-    print(f"wrote {args.out}: {args.players[0]} vs {args.players[1]}, {outcome}")
+    if args.frame_every < 1 or args.fps <= 0:
+        raise UsageError("rapid replay: --frame-every must be ≥ 1 and --fps > 0")
+    players = [p if p in bots else make_player(p, cfg, env, params, seed=args.seed, greedy=args.greedy)
+               for p in args.players]
+    result = write_replay(cfg.env.options, players, args.out, seed=args.seed, max_steps=args.max_steps,
+                          fps=args.fps, frame_every=args.frame_every)
+    print(f"wrote {args.out}: {args.players[0]} vs {args.players[1]}, {replay_outcome(result, args.players)}")
     return 0
+
+
+def replay_outcome(result, players: list[str]) -> str:
+    """How a replayed game ended, in words: who won and whether the base fell or the clock ran out."""
+    if result is None:
+        return "cut at --max-steps"
+    how = "at the time limit" if result.truncated else "before the time limit"
+    if result.winner < 0:
+        return f"a draw {how} after {result.length} steps"
+    return f"won by {players[result.winner]} {how} after {result.length} steps"
 
 
 def cmd_report(args) -> int:

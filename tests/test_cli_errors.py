@@ -42,6 +42,7 @@ CASES = {
     "not an int": (["rapid", "train", "--workers", "many"], "--workers"),
     "optimizer unknown flag": (["rapid-optimizer", "--resumed"], "--resumed"),
     "bad choice": (["rapid", "config", "shw"], "shw"),
+    "replay frame-every 0": (["rapid", "replay", "lane", "idle", "--frame-every", "0"], "--frame-every"),
     "params of another model": (["rapid", "eval", "--run-dir", "{tmp}/run", "--games", "2"], "model settings"),
 }
 

@@ -16,6 +16,7 @@ from rapid.envs.moba.pz import MobaParallelEnv
 from rapid.envs.moba.render import render_frame, write_gif
 from rapid.matches import play_match
 from rapid.replay import write_replay
+from tests.helpers import rapid
 
 
 def empty_lane(env: MobaVecEnv) -> None:
@@ -302,3 +303,14 @@ def test_the_shipped_1v1_game_can_be_won_by_destroying_the_base() -> None:
     env = MobaVecEnv(num_games=8, seed=0, **options)
     score = play_match(env, env.make_bot("lane"), env.make_bot("idle"), 8)
     assert (score.wins, score.wins_before_limit) == (8, 8), score.line("lane", "idle")
+
+
+def test_replay_command_draws_every_kth_step_and_says_how_the_game_ended(tmp_path) -> None:
+    """`rapid replay` keeps a long game's GIF small with --frame-every and reports a time-limit win as such."""
+    out = tmp_path / "lane-vs-idle.gif"
+    said = rapid("replay", "lane", "idle", "--out", str(out), "--frame-every", "50", "--fps", "4").stdout
+    frames = Image.open(out).n_frames
+    limit = MobaVecEnv(num_games=1).cfg.max_steps  # the default game: its structures outlast a lone pusher
+    assert "won by lane at the time limit" in said and f"after {limit} steps" in said, said
+    # The first picture, every 50th step, then the outcome (its repeats merge into one longer GIF frame).
+    assert frames == 1 + (limit - 1) // 50 + 1, frames
