@@ -147,14 +147,15 @@ def throughput(run_dir: Path, every_min: float = 5.0) -> str:
     return "agent-steps/s " + ", ".join(out)
 
 
-def bench_moba(out: Path, what: str, minutes: float | None, games: int, seeds: list[int]) -> None:
+def bench_moba(out: Path, what: str, minutes: float | None, games: int, seeds: list[int],
+               overrides: list[str]) -> None:
     config, default_minutes, target = MOBA[what]
     minutes = minutes or default_minutes
     curves = {}
     for seed in seeds:
         run = out / f"{what}-s{seed}"
-        print(f"[{what} seed {seed}] training {minutes:g} min ({load()})", flush=True)
-        started = train(config, run, minutes, [f"run.seed={seed}"])
+        print(f"[{what} seed {seed}] training {minutes:g} min ({load()}) {' '.join(overrides)}", flush=True)
+        started = train(config, run, minutes, [f"run.seed={seed}", *overrides])
         points = curves[f"seed {seed}"] = curve(run, started, "lane")
         first = next((m for m, _, w in points if w >= target), None)
         print(f"[{what} seed {seed}] curve vs lane (min, version, win rate): {points}")
@@ -172,6 +173,8 @@ def main() -> int:
     p.add_argument("--games", type=int, default=1000, help="evaluation games (default 1000)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="moba seeds (default 0 1 2)")
     p.add_argument("--out", help="directory for the runs (default: a temporary one)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for every moba run, as rapid train's --set (repeatable)")
     args = p.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-learning-"))
     for what in args.what:
@@ -180,7 +183,7 @@ def main() -> int:
         elif what == "league":
             bench_c4(out, args.minutes or 5.0, args.games, "c4-past-opponents", ["league.latest_prob=0.8"])
         else:
-            bench_moba(out, what, args.minutes, min(args.games, 200), args.seeds)
+            bench_moba(out, what, args.minutes, min(args.games, 200), args.seeds, args.overrides)
     return 0
 
 

@@ -209,6 +209,14 @@ class EvalConfig:
     """Games per evaluation."""
     opponent: str = "random"
     """Baseline for the progress display and target_win_rate: a bot name."""
+    pool_games: int = -1
+    """Games per evaluation against a past snapshot of the pool, taken in turn, which rates versions against
+    each other (-1: half of ``games``; 0: none). Both sides run a policy, so a game costs about twice a bot
+    game."""
+    core_share: float = 0.0
+    """At most this share of one core for the evaluator over a run (0: no limit): after a round that took e
+    seconds it waits at least e * (1 / core_share - 1), so on a laptop its games do not take the cores from
+    the rollout workers and the learner (a round of 200 three-a-side games takes a core about 35 s)."""
 
 
 @dataclass

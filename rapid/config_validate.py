@@ -99,6 +99,9 @@ def validate(cfg: Config) -> list[str]:
             e.append(f"league.bots: {bot!r} is not a bot name (A-Z a-z 0-9 . _ -, e.g. 'random')")
     _positive(e, "eval.interval_s", cfg.eval.interval_s, allow_zero=True)
     _positive(e, "eval.games", cfg.eval.games)
+    if cfg.eval.pool_games < -1:
+        e.append(f"eval.pool_games must be -1 (half of eval.games), 0 or more (got {cfg.eval.pool_games})")
+    _unit(e, "eval.core_share", cfg.eval.core_share)
     _positive(e, "store.max_attempts", cfg.store.max_attempts)
     _positive(e, "store.retention_s", cfg.store.retention_s, allow_zero=True)
     if not 0 <= cfg.metrics.base_port < 65536:

@@ -150,7 +150,8 @@ BAD_VALUES = {
     "league": [("league.latest_prob=1.5", "league.latest_prob"), ("league.scheme=elo", "league.scheme"),
                ("league.eta=0", "league.eta"), ("league.bot_prob=1.5", "league.bot_prob"),
                ("league.snapshot_every=-1", "league.snapshot_every")],
-    "eval": [("eval.games=0", "eval.games"), ("eval.interval_s=-1", "eval.interval_s")],
+    "eval": [("eval.games=0", "eval.games"), ("eval.interval_s=-1", "eval.interval_s"),
+             ("eval.core_share=1.5", "eval.core_share"), ("eval.pool_games=-2", "eval.pool_games")],
     "store": [("store.max_attempts=0", "store.max_attempts"), ("store.retention_s=-1", "store.retention_s")],
     "metrics": [("metrics.base_port=70000", "metrics.base_port"), ("metrics.base_port=-1", "metrics.base_port")],
 }

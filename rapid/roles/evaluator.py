@@ -31,11 +31,15 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
     league = League(store)
     games = cfg.eval.games
     env = make_env(cfg.env.name, num_games=batch_size(games), seed=cfg.run.seed + 99991, options=cfg.env.options)
+    # A match steps every game of its env until each has played its share: the pool's fewer games get their own.
+    pool_games = max(games // 2, 1) if cfg.eval.pool_games < 0 else cfg.eval.pool_games
+    pool_env = make_env(cfg.env.name, num_games=batch_size(pool_games), seed=cfg.run.seed + 99992,
+                        options=cfg.env.options) if pool_games else None
     out = JsonlLog(f"{cfg.derive().run_dir}/logs/eval.jsonl")
-    last = -1
-    rounds = 0
+    last, rounds = -1, 0
     watch, version_at, asked = RunWatch(store, quiet_s(cfg)), time.time(), False
     while not stop:
+        round_s = 0.0
         try:
             version = params.latest_version()
         except (StoreError, FormatError) as e:
@@ -57,7 +61,8 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
                        "mean_length": result.mean_length, "at_limit": result.at_limit,
                        "wins_before_limit": result.wins_before_limit, "eval_s": time.time() - started, **rating})
             log.info(result.line(f"v{version}", cfg.eval.opponent))
-            pool_result = _play_pool(cfg, env, league, policy, version, max(games // 2, 1), rounds, log)
+            pool_result = None if pool_env is None else _play_pool(cfg, pool_env, league, policy, version,
+                                                                   pool_games, rounds, log)
             if pool_result:
                 member, res = pool_result
                 rating = _rate(league, version, member, res, log)
@@ -67,16 +72,31 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
             if rating:
                 metrics.rating(version_id(version), rating["rating"], rating["rating_sigma"])
             last, rounds, version_at = version, rounds + 1, time.time()
+            round_s = version_at - started
         gone = watch.optimizer_gone(version_at, time.time(), force=not asked)  # at start, then when quiet
         asked = True
         if gone and version is not None and version <= last:
             log.info("the run's optimizer %s and its newest version v%d is rated: the evaluator stops", gone, last)
             break
-        stop.wait(cfg.eval.interval_s)
+        stop.wait(eval_wait_s(cfg.eval.interval_s, round_s, cfg.eval.core_share))
     env.close()
+    if pool_env is not None:
+        pool_env.close()
     out.close()
     metrics.close()
     return 0
+
+
+def eval_wait_s(interval_s: float, round_s: float, core_share: float) -> float:
+    """Seconds to wait after an evaluation round of ``round_s`` seconds (0 when none was played): at least
+    ``interval_s``, and long enough that rounds take at most ``core_share`` of a core (0: no limit).
+
+    >>> eval_wait_s(60.0, 35.0, 0.0), eval_wait_s(60.0, 35.0, 0.25), eval_wait_s(60.0, 10.0, 0.25)
+    (60.0, 105.0, 60.0)
+    """
+    if core_share <= 0 or round_s <= 0:
+        return interval_s
+    return max(interval_s, round_s * (1.0 / core_share - 1.0))
 
 
 def _rate(league: League, version: int, opponent: str, result: MatchScore, log) -> dict:
