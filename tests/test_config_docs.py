@@ -42,7 +42,8 @@ def test_config_show_doc_lists_every_field_with_type_default_and_doc():
     assert "rollout.bptt: int = 16\n    Decisions of one agent per sample (truncated BPTT length)" in out
     # the env's options, as moba types them: set ones with their default, the others at their default
     assert "env.options.heroes_per_side: int = 1\n" in out
-    assert "env.options.max_seconds: float = 240.0  (default 300.0)" in out
+    assert "env.options.tower_hp: float = 500.0  (default 1400.0)" in out
+    assert "env.options.max_seconds: float = 300.0\n" in out  # set to its default: no "(default …)"
     assert "env.options.tower_x: tuple[float, float] = (30.0, 16.0)" in out
     assert "(no doc)" not in out
 
