@@ -218,6 +218,11 @@ class EvalConfig:
     seconds it waits at least e * (1 / core_share - 1), so on a laptop its games do not take the cores from
     the rollout workers and the learner (a round of 200 three-a-side games takes a core about 35 s)."""
 
+    @property
+    def pool_match_games(self) -> int:
+        """Games against a past snapshot per round, with -1 resolved (half of ``games``, at least one)."""
+        return max(self.games // 2, 1) if self.pool_games < 0 else self.pool_games
+
 
 @dataclass
 class StoreConfig:

@@ -32,7 +32,7 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
     games = cfg.eval.games
     env = make_env(cfg.env.name, num_games=batch_size(games), seed=cfg.run.seed + 99991, options=cfg.env.options)
     # A match steps every game of its env until each has played its share: the pool's fewer games get their own.
-    pool_games = max(games // 2, 1) if cfg.eval.pool_games < 0 else cfg.eval.pool_games
+    pool_games = cfg.eval.pool_match_games
     pool_env = make_env(cfg.env.name, num_games=batch_size(pool_games), seed=cfg.run.seed + 99992,
                         options=cfg.env.options) if pool_games else None
     out = JsonlLog(f"{cfg.derive().run_dir}/logs/eval.jsonl")
