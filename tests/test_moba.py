@@ -202,6 +202,25 @@ def test_deterministic_under_seed() -> None:
     assert not np.array_equal(a[0], c[0])
 
 
+def test_a_win_at_the_time_limit_pays_its_share_of_reward_win() -> None:
+    zero = dict(reward_kill=0.0, reward_death=0.0, reward_last_hit=0.0, reward_deny=0.0, reward_tower_damage=0.0,
+                reward_tower_kill=0.0)
+    env = MobaVecEnv(num_games=2, seed=0, max_seconds=5.0, reward_win=2.0, limit_win_share=0.25, **zero)
+    env.reset()
+    st, lay = env.state, env.layout
+    st.alive[0, lay.ancients[1]] = False  # game 0: side 0 destroys the enemy ancient on the next step
+    step = env.step(act(env))
+    assert step.terminated[0] and step.rewards[0].tolist() == [2.0, -2.0]
+    tower = lay.enemy_structs[0][0]
+    st.hp[1, tower] = 1.0  # game 1: side 0 leads on structure HP when the clock runs out
+    for _ in range(env.cfg.max_steps - 1):
+        step = env.step(act(env))
+    assert step.truncated[1] and step.episodes[0].winner == 0
+    assert step.rewards[1].tolist() == [0.5, -0.5]
+    with pytest.raises(ValueError, match="limit_win_share"):
+        MobaVecEnv(limit_win_share=1.5)
+
+
 def test_auto_reset_only_finished_games() -> None:
     env = MobaVecEnv(num_games=3, seed=0, max_seconds=5.0)
     step = env.reset()

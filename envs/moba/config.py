@@ -42,6 +42,9 @@ class MobaConfig:
     # --- raw reward weights (team spirit and zero-sum mixing happen in the rollout worker)
     reward_win: float = 1.0
     """Added for a win, subtracted for a loss; nothing for a draw."""
+    limit_win_share: float = 1.0
+    """The share of ``reward_win`` a game decided at the time limit (on structure HP) pays and charges: below 1,
+    destroying the enemy ancient is worth more than a lead when the clock runs out."""
     reward_kill: float = 0.2
     """For killing an enemy hero (last hit)."""
     reward_death: float = -0.2
@@ -203,6 +206,8 @@ class MobaConfig:
             raise ValueError(f"moba: lanes must be 1..3, got {self.lanes}")
         if self.max_seconds <= 0 or self.seconds_per_step <= 0:
             raise ValueError("moba: max_seconds and seconds_per_step must be positive")
+        if not 0.0 <= self.limit_win_share <= 1.0:
+            raise ValueError(f"moba: limit_win_share must be in [0, 1], got {self.limit_win_share}")
         if self.creep_slots % self.wave_size:
             raise ValueError("moba: creep_slots must be a multiple of wave_size")
 

@@ -90,7 +90,8 @@ class MobaVecEnv(VecMultiAgentEnv):
             winner = self._winner(anc_alive, terminated)
             won = (winner[:, None] == lay.hero_side) & done[:, None]
             lost = (winner[:, None] == 1 - lay.hero_side) & done[:, None]
-            rewards += cfg.reward_win * (won.astype(np.float32) - lost.astype(np.float32))
+            pay = cfg.reward_win * np.where(truncated, cfg.limit_win_share, 1.0).astype(np.float32)[:, None]
+            rewards += pay * (won.astype(np.float32) - lost.astype(np.float32))
         st.returns += rewards
         episodes = self._finish(done, winner, truncated) if done.any() else []
         st.reset_games(done, self.rng)
