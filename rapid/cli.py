@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--games", type=int, default=200, help="games to play (default 200)")
     p.add_argument("--seed", type=int, default=12345)
     p.add_argument("--greedy", action="store_true", help="policies play their most likely action (default: sample)")
+    p.add_argument("--set", "-s", metavar="SECTION.KEY=VALUE", action="append", default=[],
+                   help="play in a variant of the run's game, e.g. --set env.options.fountain_heal=0.1 "
+                        "(repeatable; a change of the observation or actions is refused)")
 
     for role, text in (("optimizer", "an optimizer rank (run under mpiexec for several ranks)"),
                        ("rollout", "a rollout worker (one per process or MPI rank)"),
@@ -187,7 +190,7 @@ def cmd_eval(args) -> int:
 
     if args.games < 1:
         raise UsageError("--games must be at least 1")
-    cfg = run_dir_config(args.run_dir)
+    cfg = run_dir_config(args.run_dir, args.set)
     params = ParameterStore(open_run_store(cfg))
     env = make_env(cfg.env.name, num_games=batch_size(args.games), seed=args.seed, options=cfg.env.options)
     a = make_player(args.version, cfg, env, params, seed=args.seed, greedy=args.greedy)

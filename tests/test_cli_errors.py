@@ -73,3 +73,23 @@ def test_usage_error_is_one_line_exit_2(case, workdir, tmp_path):
     assert needle in lines[0], lines[0]
     assert list(tmp_path.iterdir()) == [], "nothing written in the current directory"
     assert sorted(p.name for p in workdir.rglob("*")) == before
+
+
+def test_eval_plays_a_variant_of_the_runs_game_and_refuses_one_of_another_shape(tmp_path):
+    """`rapid eval --set env.options.…` plays the run's policy in a changed game (e.g. the default fountain of
+    a run trained with a weaker one); a change the policy's inputs cannot take is one line and exit code 2."""
+    from tests.helpers import rapid
+
+    cfg = Config()
+    cfg.env.name, cfg.env.options = "moba", {"heroes_per_side": 1, "max_seconds": 10.0}
+    policy = build_policy(cfg, make_env("moba", num_games=1, options=cfg.env.options).spec)
+    ParameterStore(LocalStore(tmp_path / "run" / "store")).publish(1, policy.tensors())
+    (tmp_path / "run" / "config.toml").write_text(to_toml(cfg))
+    run = str(tmp_path / "run")
+    plain = rapid("eval", "--run-dir", run, "--against", "lane", "--games", "4").stdout
+    varied = rapid("eval", "--run-dir", run, "--against", "lane", "--games", "4",
+                   "--set", "env.options.max_seconds=5.0").stdout
+    assert "mean length 20.0" in plain and "mean length 10.0" in varied, (plain, varied)
+    out = rapid("eval", "--run-dir", run, "--against", "lane", "--set", "env.options.observe_cooldowns=true",
+                check=False)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "does not fit" in out.stderr, out.stderr
