@@ -38,6 +38,11 @@ class MobaConfig:
     """Each hero also sees the attack and ability cooldowns of every hero it sees (enemies while visible, allies
     while alive): 4 features per hero slot, appended at the end of the observation so a run can be carried
     over by surgery (``rapid surgery``: the new columns start with zero weights)."""
+    observe_team: bool = False
+    """Each hero also sees its own side: per allied structure (lane towers, then the ancient) whether it stands,
+    its HP, where it is and how many enemies it sees; and which hero of its team it is (one-hot). With three
+    lanes a hero sees no other lane, so without these it cannot tell that its base is under attack, and heroes
+    that start alike have no role to split the lanes by. Appended after every other group (surgery adds it)."""
 
     # --- raw reward weights (team spirit and zero-sum mixing happen in the rollout worker)
     reward_win: float = 1.0

@@ -13,8 +13,9 @@ them (within that unit's sight radius). Structures are always known.
 
 Layout of the observation: the hero's own features, the slots' features (feature-major), level, stun and mana
 of the hero slots, the clock; with ``observe_cooldowns``, the attack, nuke, stun and heal cooldowns of the hero
-slots last. Option groups are appended after everything a run without them sees, so the columns of an older
-run keep their meaning and surgery only adds columns.
+slots; with ``observe_team``, the hero's own structures and its index in its team last. Option groups are
+appended after everything a run without them sees, so the columns of an older run keep their meaning and
+surgery only adds columns.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ TIME_FEATURES = 2
 COOLDOWN_FEATURES = 4
 """Per hero slot with ``observe_cooldowns``: attack, nuke, stun and heal cooldown, each as a fraction of its full
 length."""
+OWN_STRUCT_FEATURES = 5
+"""Per allied structure with ``observe_team``: standing, HP fraction, x and y from the hero (in its frame, over the
+map's length), and the enemy units the structure sees (over ``THREAT_SCALE``, at most 1.5)."""
+THREAT_SCALE = 8.0
 
 
 def layout_dims(cfg: MobaConfig, lay: Layout) -> tuple[int, tuple[int, int, int]]:
@@ -39,6 +44,8 @@ def layout_dims(cfg: MobaConfig, lay: Layout) -> tuple[int, tuple[int, int, int]
     obs_dim = SELF_FEATURES + T * SLOT_FEATURES + 2 * lay.n * HERO_EXTRA + TIME_FEATURES
     if cfg.observe_cooldowns:
         obs_dim += 2 * lay.n * COOLDOWN_FEATURES
+    if cfg.observe_team:
+        obs_dim += lay.S_side * OWN_STRUCT_FEATURES + lay.n
     return obs_dim, (NUM_TYPES, NUM_DIRS, T)
 
 
@@ -78,6 +85,7 @@ class Observer:
         self.slot_yscale = (1.0 / self.slot_scale).astype(np.float32)
         self._tmp = np.zeros((num_games, lay.U, lay.U), np.float32)
         self._sees = np.zeros((num_games, lay.U, lay.U), bool)
+        self.team_index = np.eye(n, dtype=np.float32)[np.arange(H) % n]  # [H, n]: which hero of its team
         self.mask = np.zeros((num_games, H, sum(self.heads)), bool)
         self.mask[:, :, NOOP] = True
         self.mask[:, :, NUM_TYPES] = True
@@ -212,12 +220,32 @@ class Observer:
         period = cfg.wave_period / cfg.seconds_per_step
         obs[:, :, base] = t / cfg.max_steps
         obs[:, :, base + 1] = 1.0 - (t % period) / period
+        base += TIME_FEATURES
         if cfg.observe_cooldowns:
-            base += TIME_FEATURES
             cooldowns = np.concatenate([st.atk_cd[:, None, :H] / cfg.hero_cooldown,
                                         (st.ability_cd / self.ability_cooldowns).transpose(0, 2, 1)], axis=1)
             block = obs[:, :, base:base + 2 * n * COOLDOWN_FEATURES].reshape(B, H, COOLDOWN_FEATURES, 2 * n)
             for side in range(2):
                 rows = slice(side * n, (side + 1) * n)
                 np.multiply(cooldowns[:, None, :, self.hero_units[side * n]], hv[:, rows], out=block[:, rows])
+            base += 2 * n * COOLDOWN_FEATURES
+        if cfg.observe_team:
+            self._observe_team(st, sees, obs[:, :, base:])
         return obs, mask.copy(), can_act
+
+    def _observe_team(self, st: State, sees: np.ndarray, out: np.ndarray) -> None:
+        """Write the ``observe_team`` group into ``out [B, H, S_side * 5 + n]``: the hero's own structures
+        (feature-major), then its one-hot index in its team."""
+        lay, H, S = self.lay, self.lay.H, self.lay.S_side
+        units = lay.ally_structs[None] + self.row_u  # [B, H, S] flat unit ids
+        standing = np.take(st.alive, units).astype(np.float32)
+        f = [out[:, :, k * S:(k + 1) * S] for k in range(OWN_STRUCT_FEATURES)]
+        f[0][:] = standing
+        np.multiply(np.take(st.hp, units) / np.take(st.max_hp, units), standing, out=f[1])
+        length = self.cfg.map_length
+        f[2][:] = (np.take(st.x, units) - st.x[:, :H, None]) * (lay.side_sign[:, None] / length)
+        f[3][:] = (np.take(st.y, units) - st.y[:, :H, None]) / length
+        # [B, S]: the living enemies each structure sees (a dead unit keeps its last position).
+        threats = (sees[:, lay.ss, :] & st.alive[:, None, :]).sum(axis=2, dtype=np.float32)
+        np.minimum(threats[:, lay.ally_structs - H] / THREAT_SCALE, 1.5, out=f[4])
+        out[:, :, OWN_STRUCT_FEATURES * S:] = self.team_index

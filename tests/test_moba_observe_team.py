@@ -1,0 +1,63 @@
+"""Issue 22: the moba game's ``observe_team`` option shows each hero its own side (its structures, and which hero
+of its team it is), appended after every other column, and changes nothing else."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rapid.envs.moba import MobaVecEnv
+from rapid.envs.moba.observe import OWN_STRUCT_FEATURES, THREAT_SCALE
+
+
+@pytest.mark.parametrize(("heroes", "lanes", "cooldowns"), [(1, 1, False), (5, 3, False), (3, 1, True)])
+def test_the_option_appends_columns_and_leaves_the_game_and_the_old_columns_alone(heroes, lanes, cooldowns):
+    plain = MobaVecEnv(num_games=6, seed=3, heroes_per_side=heroes, lanes=lanes, observe_cooldowns=cooldowns)
+    seeing = MobaVecEnv(num_games=6, seed=3, heroes_per_side=heroes, lanes=lanes, observe_cooldowns=cooldowns,
+                        observe_team=True)
+    old_dim, structs = plain.spec.obs_dim, 2 * lanes + 1
+    assert seeing.spec.obs_dim == old_dim + structs * OWN_STRUCT_FEATURES + heroes
+    assert seeing.spec.action_heads == plain.spec.action_heads
+    a, b = plain.reset(), seeing.reset()
+    bot = plain.make_bot("lane")
+    hp_seen = np.ones(structs)
+    for _ in range(600):
+        np.testing.assert_array_equal(b.obs[..., :old_dim], a.obs)
+        np.testing.assert_array_equal(b.action_mask, a.action_mask)
+        extra = b.obs[..., old_dim:]
+        assert np.abs(extra).max() <= 1.5
+        hp_seen = np.minimum(hp_seen, extra[..., structs:2 * structs].min(axis=(0, 1)))
+        actions = bot.act(a)
+        a, b = plain.step(actions), seeing.step(actions)
+        np.testing.assert_array_equal(a.rewards, b.rewards)
+    assert hp_seen[0] < 1.0  # some outer tower was hit, and its side saw it
+
+
+def test_a_hero_sees_its_own_structures_in_its_own_frame_with_the_enemies_near_them():
+    env = MobaVecEnv(num_games=1, seed=0, heroes_per_side=2, lanes=3, observe_team=True)
+    env.reset()
+    st, lay, cfg = env.state, env.layout, env.cfg
+    S, H = lay.S_side, lay.H
+    outer_top = lay.ally_structs[0, 2]  # side 0's lanes: middle, top, bottom; outer tower first
+    st.hp[0, outer_top] = st.max_hp[0, outer_top] / 4
+    st.alive[0, lay.ally_structs[0, 1]] = False  # side 0's inner middle tower is down
+    enemy = lay.enemy_heroes[0, 0]  # put an enemy hero beside that outer tower: it sees him
+    st.x[0, enemy], st.y[0, enemy] = st.x[0, outer_top] + 3.0, st.y[0, outer_top]
+    step = env.observe_now()
+    width = S * OWN_STRUCT_FEATURES + lay.n
+    team = step.obs[0, :, -width:]
+    feat = team[:, :S * OWN_STRUCT_FEATURES].reshape(H, OWN_STRUCT_FEATURES, S)
+    for hero in range(H):
+        side = lay.hero_side[hero]
+        assert team[hero, -lay.n:].tolist() == [float(hero % lay.n == i) for i in range(lay.n)]
+        # Standing and HP, for side 0's heroes only.
+        assert feat[hero, 0, 1] == float(side == 1)
+        assert feat[hero, 1, 2] == pytest.approx(0.25 if side == 0 else 1.0)
+        # The outer middle tower stands 29 units ahead of a hero at the fountain, whichever its side.
+        if hero != enemy:
+            ahead = (cfg.tower_x[0] - cfg.fountain_x) / cfg.map_length
+            assert feat[hero, 2, 0] == pytest.approx(ahead, abs=2.0 / cfg.map_length)
+        assert feat[hero, 4, 2] == pytest.approx(1 / THREAT_SCALE if side == 0 else 0.0)
+    st.alive[0, enemy] = False  # the dead are no threat, wherever they lie
+    feat = env.observe_now().obs[0, :, -width:-lay.n].reshape(H, OWN_STRUCT_FEATURES, S)
+    assert not feat[:, 4].any()
