@@ -44,11 +44,15 @@ def evaluate(run_dir: Path, against: str, games: int) -> str:
     return out.stdout.strip()
 
 
+def eval_rows(run_dir: Path, opponent: str) -> list[dict]:
+    """The evaluator's records (``logs/eval.jsonl``) of its rounds against ``opponent``, oldest first."""
+    rows = [json.loads(line) for line in (run_dir / "logs" / "eval.jsonl").read_text().splitlines() if line]
+    return [r for r in rows if r.get("opponent") == opponent]
+
+
 def curve(run_dir: Path, started: float, opponent: str) -> list[tuple[float, int, float]]:
     """(minutes since start, version, win rate) of every evaluation against ``opponent`` during training."""
-    rows = [json.loads(line) for line in (run_dir / "logs" / "eval.jsonl").read_text().splitlines() if line]
-    return [(round((r["time"] - started) / 60, 2), r["version"], r["win_rate"]) for r in rows
-            if r.get("opponent") == opponent]
+    return [(round((r["time"] - started) / 60, 2), r["version"], r["win_rate"]) for r in eval_rows(run_dir, opponent)]
 
 
 def tactics(run_dir: Path, games: int) -> str:
@@ -126,8 +130,7 @@ MOBA = {  # what: (config, default minutes, the win rate vs lane the issue asks 
 
 def base_kills(run_dir: Path) -> str:
     """The share of the evaluations' won games that destroyed the enemy base before the time limit."""
-    rows = [json.loads(line) for line in (run_dir / "logs" / "eval.jsonl").read_text().splitlines() if line]
-    rows = [r for r in rows if r.get("opponent") == "lane" and "wins_before_limit" in r]
+    rows = [r for r in eval_rows(run_dir, "lane") if "wins_before_limit" in r]
     wins, early = sum(r["wins"] for r in rows), sum(r["wins_before_limit"] for r in rows)
     return f"{early} of {wins} won evaluation games destroyed the base before the time limit"
 

@@ -17,12 +17,13 @@ An exploration tool: the figures an issue asks for come from bench_learning.py o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from bench_learning import eval_rows
 
 RAPID = [sys.executable, "-m", "rapid.cli"]
 
@@ -42,23 +43,15 @@ def judge(run_dir: Path, against: str, games: int, seed: int) -> None:
     params = ParameterStore(LocalStore(run_dir / "store"))
     learner = make_player("latest", cfg, env, params, greedy=True)
     opponent = make_player(against, cfg, env, params, seed=seed)
-    side_of_learner = np.arange(env.num_games) % 2  # play_match starts A on side 0 in even games, then swaps
     stats: dict[str, list[tuple[float, float]]] = {}
-    step_env = env.step
 
-    def step(actions):
-        result = step_env(actions)
-        for ep in result.episodes:
-            s = int(side_of_learner[ep.game])
-            for key in ep.info:
-                if key.endswith("_0"):
-                    name = key[:-2]
-                    stats.setdefault(name, []).append((ep.info[f"{name}_{s}"], ep.info[f"{name}_{1 - s}"]))
-            side_of_learner[ep.game] = 1 - s
-        return result
+    def count(ep, side: int) -> None:
+        for key in ep.info:
+            if key.endswith("_0"):
+                name = key[:-2]
+                stats.setdefault(name, []).append((ep.info[f"{name}_{side}"], ep.info[f"{name}_{1 - side}"]))
 
-    env.step = step
-    score = play_match(env, learner, opponent, games, seed=seed)
+    score = play_match(env, learner, opponent, games, seed=seed, on_episode=count)
     print(f"{run_dir.name}: {score.line('latest', against)}")
     means = ", ".join(f"{name} {np.mean([a for a, _ in v]):.2f}/{np.mean([b for _, b in v]):.2f}"
                       for name, v in sorted(stats.items()))
@@ -67,11 +60,8 @@ def judge(run_dir: Path, against: str, games: int, seed: int) -> None:
 
 def curve(run_dir: Path, against: str) -> str:
     """The evaluator's win rate (and wins before the time limit) at each round during training."""
-    path = run_dir / "logs" / "eval.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
-    name = against.removeprefix("bot:")
-    return " ".join(f"v{r['version']} {r['win_rate']:.2f} ({r.get('wins_before_limit', 0)} early)"
-                    for r in rows if r.get("opponent") == name)
+    rows = eval_rows(run_dir, against.removeprefix("bot:")) if (run_dir / "logs" / "eval.jsonl").exists() else []
+    return " ".join(f"v{r['version']} {r['win_rate']:.2f} ({r.get('wins_before_limit', 0)} early)" for r in rows)
 
 
 def main() -> int:

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from rapid.config import Config
-from rapid.envs.base import EnvSpec, StepResult, VecMultiAgentEnv
+from rapid.envs.base import EnvSpec, EpisodeStats, StepResult, VecMultiAgentEnv
 from rapid.errors import UsageError
 from rapid.infra.store import KeyNotFound
 from rapid.opt.model import Policy
@@ -129,9 +129,13 @@ Watch = Callable[[StepResult, np.ndarray, np.ndarray], None]
 """``watch(step, rows, actions)`` before each step: the (game, agent) pairs where A moves in a game that
 counts (``rows``, boolean) and A's actions, e.g. to judge A's moves as a benchmark does."""
 
+OnEpisode = Callable[[EpisodeStats, int], None]
+"""``on_episode(episode, side_a)`` for every game that counts, once it ends, with the side A played in it: e.g.
+to read the env's per-side game stats (``episode.info``) as A's and B's."""
+
 
 def play_match(env: VecMultiAgentEnv, player_a: Player, player_b: Player, games: int, seed: int = 0,
-               watch: Watch | None = None) -> MatchScore:
+               watch: Watch | None = None, on_episode: OnEpisode | None = None) -> MatchScore:
     """``games`` games of A against B on ``env`` (best built with ``batch_size(games)`` games)."""
     B = env.num_games
     quota = np.full(B, games // B)
@@ -163,6 +167,8 @@ def play_match(env: VecMultiAgentEnv, player_a: Player, player_b: Player, games:
                     losses += 1
                 lengths.append(ep.length)
                 at_limit += ep.truncated
+                if on_episode is not None:
+                    on_episode(ep, int(side_a[b]))
             played[b] += 1
             side_a[b] = 1 - side_a[b]
     return MatchScore(wins, losses, draws, float(np.mean(lengths)) if lengths else 0.0, at_limit, wins_before_limit)

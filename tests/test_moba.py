@@ -314,6 +314,20 @@ def test_a_match_counts_games_cut_at_the_time_limit_and_wins_before_it() -> None
     assert "time limit" not in pushed.line("a", "b")
 
 
+def test_a_match_hands_each_counted_game_to_on_episode_with_the_side_a_played() -> None:
+    """Three laners against idle heroes: on whichever side A played, A's towers_destroyed is the larger, and
+    A plays each side in half the games."""
+    env = MobaVecEnv(num_games=4, seed=0, heroes_per_side=3, max_seconds=360.0)
+    seen = []
+    play_match(env, env.make_bot("lane"), env.make_bot("idle"), 6,
+               on_episode=lambda ep, side: seen.append((side, ep.info["towers_destroyed_0"],
+                                                        ep.info["towers_destroyed_1"])))
+    assert sorted(side for side, _, _ in seen) == [0, 0, 0, 1, 1, 1]
+    for side, destroyed_0, destroyed_1 in seen:
+        a, b = (destroyed_0, destroyed_1) if side == 0 else (destroyed_1, destroyed_0)
+        assert a >= 3 and b == 0
+
+
 def test_the_shipped_1v1_game_can_be_won_by_destroying_the_base() -> None:
     """A lone hero can bring down the structures of configs/moba-1v1.toml within its time limit: `lane` against
     an idle hero destroys the base in every game, so a trained policy can too (at the game's default structure
