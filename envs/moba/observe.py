@@ -86,6 +86,8 @@ class Observer:
         self._tmp = np.zeros((num_games, lay.U, lay.U), np.float32)
         self._sees = np.zeros((num_games, lay.U, lay.U), bool)
         self.team_index = np.eye(n, dtype=np.float32)[np.arange(H) % n]  # [H, n]: which hero of its team
+        own = lay.ally_structs - H  # [H, S_side]: structures never move, so their positions are fixed per hero
+        self.own_struct_xy = (lay.struct_x[own], lay.struct_y[own])
         self.mask = np.zeros((num_games, H, sum(self.heads)), bool)
         self.mask[:, :, NOOP] = True
         self.mask[:, :, NUM_TYPES] = True
@@ -242,9 +244,9 @@ class Observer:
         f = [out[:, :, k * S:(k + 1) * S] for k in range(OWN_STRUCT_FEATURES)]
         f[0][:] = standing
         np.multiply(np.take(st.hp, units) / np.take(st.max_hp, units), standing, out=f[1])
-        length = self.cfg.map_length
-        f[2][:] = (np.take(st.x, units) - st.x[:, :H, None]) * (lay.side_sign[:, None] / length)
-        f[3][:] = (np.take(st.y, units) - st.y[:, :H, None]) / length
+        length, (sx, sy) = self.cfg.map_length, self.own_struct_xy
+        f[2][:] = (sx - st.x[:, :H, None]) * (lay.side_sign[:, None] / length)
+        f[3][:] = (sy - st.y[:, :H, None]) / length
         # [B, S]: the living enemies each structure sees (a dead unit keeps its last position).
         threats = (sees[:, lay.ss, :] & st.alive[:, None, :]).sum(axis=2, dtype=np.float32)
         np.minimum(threats[:, lay.ally_structs - H] / THREAT_SCALE, 1.5, out=f[4])
