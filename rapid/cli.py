@@ -18,7 +18,8 @@ from rapid.errors import FormatError, UsageError
 WORKER_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}", re.ASCII)
 
 EPILOG = """examples:
-  rapid train                                        # connect-four self-play, runs/run, a few minutes
+  rapid train                                        # connect-four self-play in runs/run until Ctrl-C (run.minutes = 0)
+  rapid train --config configs/default.toml          # the quick start: 5 minutes, learns to beat random
   rapid train --config configs/moba-1v1.toml --minutes 20
   rapid train --run-dir runs/run --resume            # continue a stopped run
   rapid eval --run-dir runs/run --against random --games 400
