@@ -71,7 +71,8 @@ UPDATE_STATS = {
 BALANCE_GAUGES = {
     "batch": ("rapid_balance_batch_samples", "Samples per update chosen by the balancer."),
     "publish_interval_s": ("rapid_balance_publish_interval_seconds", "Seconds between published versions."),
-    "target_reuse": ("rapid_balance_target_reuse", "Sample reuse the optimizer holds."),
+    "target_reuse": ("rapid_balance_target_reuse", "The run's sample reuse target (optimizer.target_reuse; "
+                     "max_reuse without balancing): the buffer keeps reuse at or below it."),
     "arrival_per_s": ("rapid_balance_arrival_samples_per_second", "Samples received per second (window)."),
     "consumed_per_s": ("rapid_balance_consumed_samples_per_second", "Samples consumed per second (window)."),
     "capacity_per_s": ("rapid_balance_capacity_samples_per_second",
