@@ -31,13 +31,12 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import TextIO
-
-import tomllib
 
 from rapid.monitoring.targets import collect_targets, write_file_sd
 

@@ -18,13 +18,13 @@ import dataclasses
 import hashlib
 import logging
 import os
+import tomllib
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import tomli_w
-import tomllib
 
 from rapid.config_schema import convert, env_options
 from rapid.config_validate import validate

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
-
 import tomllib
+
 import yaml
 
 from rapid.cli import build_parser

@@ -5,9 +5,8 @@ import ast
 import re
 import subprocess
 import sys
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"rapid": "rapid", "envs": "rapid.envs", "opt": "rapid.opt", "infra": "rapid.infra",
