@@ -7,6 +7,9 @@ the updates makes ``submit`` block rather than pile up copies of the weights (``
 long it ever did). ``try_submit`` is for optional work, skipped while anything is queued. The league has a
 thread of its own (``rapid.roles.league_keeper``).
 A job's exception is kept and raised in the caller's thread by the next ``submit``/``check``/``close``.
+The update loop asks ``can_submit`` first and waits for room as a request of its own (``wait_for_room`` is how a
+thread waits), so a rank never blocks inside the writer. With ``start=False`` no thread is started and whoever
+owns the writer runs its jobs with ``run_next`` (the scale model does, in simulated time).
 
 Usage (in the learner a job is ``lambda: params.publish(3, tensors, meta)``, with a copy of the tensors)::
 
@@ -36,7 +39,7 @@ from collections.abc import Callable
 
 
 class BackgroundWriter:
-    def __init__(self, on_done: Callable[[str, float], None] | None = None):
+    def __init__(self, on_done: Callable[[str, float], None] | None = None, start: bool = True):
         self.on_done = on_done
         self._jobs: queue.Queue = queue.Queue(maxsize=1)
         self._error: BaseException | None = None
@@ -45,27 +48,50 @@ class BackgroundWriter:
         self.longest_wait_s = 0.0
         """The longest a ``submit`` waited for room in the queue: time the update loop stood still."""
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="writer", daemon=True)
-        self._thread.start()
+        self._room = threading.Condition(self._lock)
+        self._thread = threading.Thread(target=self._run, name="writer", daemon=True) if start else None
+        if self._thread:
+            self._thread.start()
 
     def _run(self) -> None:
-        while True:
-            item = self._jobs.get()
-            if item is None:
-                return
-            name, job = item
-            t0 = time.perf_counter()
-            try:
-                if not self._failed:  # after a failure nothing more is written: the caller ends the role
-                    job()
-                    if self.on_done:
-                        self.on_done(name, time.perf_counter() - t0)
-            except BaseException as e:  # kept for the caller's thread, which decides
-                self._error, self._failed = e, True
-            finally:
-                with self._lock:
-                    self._pending -= 1
-                self._jobs.task_done()
+        while self.run_next(block=True):
+            pass
+
+    def run_next(self, block: bool = False) -> bool:
+        """Run the next queued job (waiting for one if ``block``); False once closed or, unblocked, when none
+        is queued."""
+        try:
+            item = self._jobs.get(block=block)
+        except queue.Empty:
+            return False
+        with self._room:
+            self._room.notify_all()  # the queue's slot is free again
+        if item is None:
+            return False
+        name, job = item
+        t0 = time.perf_counter()
+        try:
+            if not self._failed:  # after a failure nothing more is written: the caller ends the role
+                job()
+                if self.on_done:
+                    self.on_done(name, time.perf_counter() - t0)
+        except BaseException as e:  # kept for the caller's thread, which decides
+            self._error, self._failed = e, True
+        finally:
+            with self._room:
+                self._pending -= 1
+                self._room.notify_all()
+            self._jobs.task_done()
+        return True
+
+    def can_submit(self) -> bool:
+        """True if a ``submit`` now would not wait (no job is queued behind the running one)."""
+        return self._jobs.qsize() == 0
+
+    def wait_for_room(self, timeout_s: float) -> None:
+        """Block up to ``timeout_s`` for ``can_submit``."""
+        with self._room:
+            self._room.wait_for(self.can_submit, timeout_s)
 
     def submit(self, name: str, job: Callable[[], object]) -> None:
         """Queue ``job``; blocks while another job already waits."""
@@ -97,7 +123,11 @@ class BackgroundWriter:
 
     def close(self) -> None:
         """Run every queued job, stop the thread, then raise a job's error if one failed."""
-        self._jobs.join()
-        self._jobs.put(None)
-        self._thread.join()
+        if self._thread is None:
+            while self.run_next():
+                pass
+        else:
+            self._jobs.join()
+            self._jobs.put(None)
+            self._thread.join()
         self.check()

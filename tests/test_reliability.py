@@ -602,7 +602,7 @@ def test_publish_is_idempotent_and_outage_writes_are_retried(tmp_path):
     landed, its answer was lost) succeeds without reusing the version; a write failing with StoreError is
     retried with backoff until the store is back, and raised once the role is asked to stop."""
     from rapid.infra.store import StoreError
-    from rapid.roles.optimizer import _until_stored
+    from rapid.roles.optimizer_loop import until_stored
     from rapid.roles.startup import StopFlag
 
     params = ParameterStore(LocalStore(tmp_path / "s"))
@@ -622,7 +622,7 @@ def test_publish_is_idempotent_and_outage_writes_are_retried(tmp_path):
     import logging
 
     stop = StopFlag(install_signals=False)
-    assert _until_stored("publishing v2", flaky, stop, logging.getLogger("t"), first_wait_s=0.01) == "ok"
+    assert until_stored("publishing v2", flaky, stop, logging.getLogger("t"), first_wait_s=0.01) == "ok"
     assert len(calls) == 3
     stop.set("test")
 
@@ -630,4 +630,4 @@ def test_publish_is_idempotent_and_outage_writes_are_retried(tmp_path):
         raise StoreError("down")
 
     with pytest.raises(StoreError):
-        _until_stored("publishing v3", down, stop, logging.getLogger("t"), first_wait_s=0.01)
+        until_stored("publishing v3", down, stop, logging.getLogger("t"), first_wait_s=0.01)

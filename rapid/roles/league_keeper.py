@@ -2,7 +2,8 @@
 and the games every rank tallied folded into quality scores. Nothing here ever makes the update loop wait:
 ``after_publish`` and ``fold`` only hand work over; while the thread is busy (a slow store, a pool commit
 that lost a race) tallies merge into one pending tally and the next commit carries them all. League trouble
-is logged, never fatal to training.
+is logged, never fatal to training. With ``start=False`` no thread is started and the owner calls ``step``
+whenever ``has_work`` (the scale model does, in simulated time).
 
 Usage::
 
@@ -34,8 +35,8 @@ RETRY_S = 5.0
 
 
 class LeagueKeeper:
-    def __init__(self, store, cfg: Config):
-        self.league = League(store)
+    def __init__(self, store, cfg: Config, start: bool = True, clock=time):
+        self.league = League(store, clock=clock.time)
         self.cfg = cfg
         self.log = setup_logging("league")
         self.folded_games = 0
@@ -46,10 +47,11 @@ class LeagueKeeper:
         # The pool exists from the start (empty if need be): readers of a missing pool list its revisions.
         bots = [b if b.startswith("bot:") else f"bot:{b}" for b in cfg.league.bots]
         if bots or not self.league.exists():
-            self.league.update(lambda s: ensure_bots(s, bots, time.time()))
+            self.league.update(lambda s: ensure_bots(s, bots, clock.time()))
         self._say_if_legacy_results(store)
-        self._thread = threading.Thread(target=self._run, name="league", daemon=True)
-        self._thread.start()
+        self._thread = threading.Thread(target=self._run, name="league", daemon=True) if start else None
+        if self._thread:
+            self._thread.start()
 
     def after_publish(self, version: int, tensors) -> None:
         """Version ``version`` is published: a snapshot joins the pool every ``snapshot_every`` versions."""
@@ -72,26 +74,39 @@ class LeagueKeeper:
         with self._wake:
             self._closing = True
             self._wake.notify()
-        self._thread.join(timeout_s)
+        if self._thread:
+            self._thread.join(timeout_s)
+        else:
+            self.step()
+
+    def has_work(self) -> bool:
+        return bool(self._snapshots or self._tally.counts)
+
+    def step(self) -> float | None:
+        """Add the queued snapshots and fold the pending games in one pool commit; the seconds after which to
+        try again if the commit failed (the games are kept), else None."""
+        with self._wake:
+            snapshots, self._snapshots = self._snapshots, []
+            tally, self._tally = self._tally, Tally()
+        for snapshot in snapshots:
+            self._add_snapshot(snapshot)
+        if tally.counts and not self._fold_now(tally):
+            with self._wake:
+                self._tally = Tally.merge([tally, self._tally])  # kept for the next try
+            return RETRY_S
+        return None
 
     def _run(self) -> None:
         while True:
             with self._wake:
-                while not (self._snapshots or self._tally.counts or self._closing):
+                while not (self.has_work() or self._closing):
                     self._wake.wait()
-                snapshots, self._snapshots = self._snapshots, []
-                tally, self._tally = self._tally, Tally()
                 closing = self._closing
-            for snapshot in snapshots:
-                self._add_snapshot(snapshot)
-            if tally.counts and not self._fold_now(tally):
-                with self._wake:
-                    self._tally = Tally.merge([tally, self._tally])  # kept for the next try
-                if closing:
-                    return
-                time.sleep(RETRY_S)
-            elif closing:
+            retry = self.step()
+            if closing:
                 return
+            if retry is not None:
+                time.sleep(retry)
 
     def _add_snapshot(self, snapshot: ParamsObject) -> None:
         lg = self.cfg.league

@@ -4,35 +4,25 @@ longer than its timeout (NCCL's watchdog kills the process; gloo raises).
 
 Usage::
 
-    >>> agree = Agreement(ctx=None, lead=True)      # one process: its own answers; with ranks, one all-reduce
-    >>> agree.decide(local_stop=False, publish_due=True, ready=False)   # (leave, publish, everyone ready)
+    >>> from rapid.roles.steps import drive
+    >>> agree = Agreement(grouped=False, lead=True)   # one process: its own answers; with ranks, one all-reduce
+    >>> drive(agree.decide(local_stop=False, publish_due=True, ready=False))   # (leave, publish, everyone ready)
     (False, True, False)
     >>> wait_round_s(collective_timeout_s=600.0)    # the longest wait for a batch between two agreements
     5.0
 
-The update loop of each rank (``rapid/roles/optimizer.py``)::
+The update loop of each rank (:class:`rapid.roles.optimizer_loop.OptimizerLoop`) asks once a round, after
+waiting at most ``wait_round_s`` for a batch; the agreement is a request of the loop's
+(:mod:`rapid.roles.steps`), answered by one all-reduce::
 
-    agree, round_s = Agreement(ctx, lead), wait_round_s(ctx.timeout_s)
-    pending = None
-    while True:
-        batch = pending or wait_for_batch(buffer, ..., deadline=time.time() + round_s)
-        leave, publish, everyone_ready = agree.decide(bool(stop), due, ready=batch is not None)
-        if leave: break
-        if not everyone_ready:
-            pending = batch     # kept for the next round; the update waits for every rank
-            continue
-        pending = None
-        learner.update(batch)   # every rank, in step
+    leave, publish, everyone_ready = yield from agree.decide(bool(stop), due, ready=batch is not None)
 """
 
 from __future__ import annotations
 
 import logging
-import time
 
-from rapid.loader import ExperienceLoader
-from rapid.opt.buffer import ExperienceBuffer
-from rapid.roles.startup import StopFlag
+from rapid.roles.steps import AllReduce
 
 WAIT_ROUND_S = 5.0  # longest wait for a batch between two agreements of the ranks
 QUIET_WAIT_S = 15.0  # waiting this long for a batch gets a line, then one every NOTICE_EVERY_S
@@ -44,15 +34,15 @@ class Agreement:
     a collective; rank 0's clock decides when a version is due, and a rank without a batch yet holds every
     rank back for a round. One all-reduce per round carries all three."""
 
-    def __init__(self, ctx, lead: bool):
-        self.ctx, self.lead = ctx, lead
+    def __init__(self, grouped: bool, lead: bool):
+        self.grouped, self.lead = grouped, lead
 
-    def decide(self, local_stop: bool, publish_due: bool, ready: bool = True) -> tuple[bool, bool, bool]:
-        """(leave, publish, every rank has a batch)."""
-        if self.ctx is None:
+    def decide(self, local_stop: bool, publish_due: bool, ready: bool = True):
+        """(leave, publish, every rank has a batch): a generator, since with ranks it is a collective."""
+        if not self.grouped:
             return local_stop, publish_due, ready
-        merged = self.ctx.all_reduce_scalars({"stop": float(local_stop), "publish": float(self.lead and publish_due),
-                                              "waiting": float(not ready)})
+        merged = yield AllReduce({"stop": float(local_stop), "publish": float(self.lead and publish_due),
+                                  "waiting": float(not ready)})
         return merged["stop"] > 0.0, merged["publish"] > 0.0, merged["waiting"] == 0.0
 
 
@@ -64,17 +54,6 @@ def wait_round_s(collective_timeout_s: float) -> float:
     (5.0, 2.0)
     """
     return min(WAIT_ROUND_S, collective_timeout_s / 4)
-
-
-def wait_for_batch(buffer: ExperienceBuffer, size: int, version: int, rng, max_reuse: float, stop: StopFlag,
-                   loader: ExperienceLoader, deadline: float):
-    """A batch, or None at ``deadline`` (the end of the round or of the run), once asked to stop, or when the
-    loader is gone."""
-    while not stop and loader.failure is None and time.time() < deadline:
-        batch = buffer.sample(size, version, rng, max_reuse, timeout=0.5)
-        if batch is not None:
-            return batch
-    return None
 
 
 class WaitNotice:

@@ -13,13 +13,10 @@ import copy
 import math
 import os
 import sys
-import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from rapid.balance import Balancer, BalanceSettings, publish_due
 from rapid.checkpoints import newest_version_in_use, resume_point, save_checkpoint
 from rapid.config import Config, to_toml
 from rapid.decode_pool import auto_workers
@@ -27,23 +24,20 @@ from rapid.errors import FormatError, UsageError
 from rapid.formats.checkpoint import Checkpoint
 from rapid.formats.experience import Shape
 from rapid.infra.distributed import ALONE, Identity, LayoutError, choose_device_and_backend
-from rapid.infra.store import StoreError
-from rapid.league import Tally
 from rapid.lease import RunLease
 from rapid.loader import ExperienceLoader
 from rapid.monitoring.metrics import OptimizerMetrics
 from rapid.opt.buffer import ExperienceBuffer
 from rapid.opt.learner import Learner, allow_tf32, precision_settings
-from rapid.opt.losses import linear_schedule
 from rapid.param_store import ParameterStore
 from rapid.publisher import BackgroundWriter
 from rapid.roles.league_keeper import LeagueKeeper
-from rapid.roles.lockstep import Agreement, WaitNotice, wait_for_batch, wait_round_s
+from rapid.roles.lockstep import wait_round_s
+from rapid.roles.optimizer_loop import OptimizerLoop, Parts, Timing, version_meta
 from rapid.roles.optimizer_report import OptimizerReport
 from rapid.roles.startup import JsonlLog, StopFlag, build_policy, env_spec, open_run_store, setup_logging, start_metrics
+from rapid.roles.steps import drive
 from rapid.store_map import EXPERIENCE_PREFIX, read_layout, write_layout
-
-MAX_FAILED_IN_ROW = 50  # a bad batch is skipped; this many in a row is a broken learner, not bad data
 
 
 def pick_device(cfg: Config, rank: Identity) -> tuple[torch.device, str]:
@@ -54,38 +48,6 @@ def pick_device(cfg: Config, rank: Identity) -> tuple[torch.device, str]:
     except LayoutError as e:
         raise UsageError(str(e)) from None
     return torch.device(where), backend
-
-
-@dataclass
-class Position:
-    """Where training stands: shared with the loader, which rejects experience from future versions."""
-
-    version: int
-    updates: int
-
-
-def balance_settings(cfg: Config) -> BalanceSettings:
-    o = cfg.optimizer
-    multiple = o.microbatch_samples or 1
-    if not o.balance:
-        return BalanceSettings(o.batch_samples, o.batch_samples, o.max_reuse, 0.0, multiple)
-    hi = o.max_batch_samples or max(o.batch_samples, min(4 * o.batch_samples, o.buffer_samples // 2))
-    hi = max(o.batch_samples, hi - hi % multiple)
-    interval = o.publish_interval_s or cfg.rollout.upload_interval_s
-    return BalanceSettings(o.batch_samples, hi, o.target_reuse, interval, multiple)
-
-
-def run_progress(cfg: Config, elapsed_s: float, updates: int) -> float:
-    """The share of the run's budget done: of run.minutes or run.updates, whichever is further along (0 without
-    a budget). The learning-rate and entropy schedules follow it.
-
-    >>> from rapid.config import RunConfig
-    >>> run_progress(Config(run=RunConfig(minutes=5.0, updates=1000)), elapsed_s=60.0, updates=500)
-    0.5
-    """
-    done = [elapsed_s / (60.0 * cfg.run.minutes)] if cfg.run.minutes else []
-    done += [updates / cfg.run.updates] if cfg.run.updates else []
-    return min(1.0, max(done, default=0.0))
 
 
 def decode_workers(cfg: Config) -> int:
@@ -145,15 +107,14 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
 
     shape = Shape.of(spec, bptt=cfg.rollout.bptt, lstm=cfg.model.lstm)
     buffer = ExperienceBuffer(cfg.optimizer.buffer_samples, cfg.optimizer.max_staleness)
-    pos = Position(version, learner.updates)
     o = cfg.optimizer
     loader = ExperienceLoader(store, shape, buffer, rank.rank, rank.size, read_layout(store) or 1, o.poll_s,
                               cfg.store.retention_s, on_bad=lambda key, why: metrics.bad_object(_reason(why)),
                               on_load=lambda n, nbytes, s: metrics.samples_downloaded(n, nbytes, s),
-                              decode_workers=decode_workers(cfg), current_version=lambda: pos.version,
+                              decode_workers=decode_workers(cfg),
+                              current_version=lambda: loop.version,  # set before the loader starts
                               poll_max_s=o.poll_max_s, lookback_s=o.list_lookback_s, sweep_s=o.sweep_s,
                               download_threads=o.download_threads, mark_s=o.mark_s)
-    loader.start()
     oplog = JsonlLog(f"{derived.run_dir}/logs/optimizer.jsonl") if lead else None
     if lead and not os.path.exists(f"{derived.run_dir}/config.toml"):
         # A cluster run has no launcher: keep the config beside the logs so `rapid eval --run-dir` works.
@@ -161,96 +122,14 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
             f.write(to_toml(cfg))
     report = OptimizerReport(metrics, oplog, buffer, loader, skipped=lambda: learner.skipped)
     writer = BackgroundWriter(on_done=report.writer_done)
-    settings = balance_settings(cfg)
-    balancer = Balancer(settings, time.monotonic())
-    agree = Agreement(ctx, lead)
-    rng = np.random.default_rng(cfg.run.seed + 7919 * rank.rank)
-    started, last_publish = time.time(), time.monotonic()
-    last_ckpt_updates = published_updates = learner.updates
-    failed_in_row, exit_code = 0, 0
-    round_s = wait_round_s(ctx.timeout_s if ctx is not None else math.inf)
-    deadline = started + 60 * cfg.run.minutes if cfg.run.minutes else math.inf
-    pending = None  # a batch held while another rank has none yet
-    t_wait = None  # when the wait for the next batch began
-    waiting = WaitNotice(log, store.describe(), time.monotonic())
+    parts = Parts(learner, buffer, loader, writer, params, league, report, tensors=policy.tensors,
+                  checkpoint=lambda v: _snapshot(learner, v), store=store)
+    timing = Timing(round_s=wait_round_s(ctx.timeout_s if ctx is not None else math.inf))
+    loop = OptimizerLoop(cfg, parts, timing, stop, log, lead, grouped=ctx is not None, version=version,
+                         rng=np.random.default_rng(cfg.run.seed + 7919 * rank.rank))
+    loader.start()
     try:
-        while True:
-            # 1. sample: a batch of fresh experience (waits for the loader at most a round; stops on request or
-            # limits)
-            t_wait = t_wait or time.perf_counter()
-            batch = pending or wait_for_batch(buffer, balancer.batch, pos.version, rng, settings.target_reuse,
-                                               stop, loader, min(deadline, time.time() + round_s))
-            if loader.failure and not stop:
-                report.loader_failed(loader.failure)
-                stop.set("loader thread died")
-                exit_code = 1
-            if cfg.run.updates and learner.updates >= cfg.run.updates:
-                stop.set("updates")
-            if cfg.run.minutes and time.time() - started >= 60 * cfg.run.minutes:
-                stop.set("minutes")
-            due = (publish_due(time.monotonic(), last_publish, settings.publish_interval_s) if cfg.optimizer.balance
-                   else (learner.updates + 1) % cfg.optimizer.publish_every == 0)
-            leave, publish, everyone_ready = agree.decide(bool(stop), due, ready=batch is not None)
-            if leave:
-                if learner.updates > published_updates:  # so the final checkpoint holds a published version
-                    version += 1
-                    if lead:
-                        _publish(writer, params, league, policy.tensors(), version,
-                                 version_meta(cfg, learner.updates, time.time() - started), stop, log,
-                                 o.keep_versions, deadline)
-                    report.version(version)
-                _pool_games(loader, ctx, league, log)
-                break
-            if not everyone_ready:
-                pending = batch
-                waiting.still(loader.stats.objects, time.monotonic())
-                continue
-            pending = None
-            waiting.over(time.monotonic())
-            arrays, staleness = batch
-            wait_s, t_wait = time.perf_counter() - t_wait, None
-            # 2. update: one bad batch is skipped, never the end of the job
-            t_update = time.perf_counter()
-            try:
-                stats = learner.update(arrays, run_progress(cfg, time.time() - started, learner.updates))
-            except Exception as e:
-                if ctx is not None:  # the other ranks wait in this update's all-reduce: end the job instead
-                    raise
-                report.update_failed(e)
-                failed_in_row += 1
-                if failed_in_row >= MAX_FAILED_IN_ROW:
-                    log.error("%d updates in a row failed (last: %s: %s); stopping the optimizer",
-                              failed_in_row, type(e).__name__, e)
-                    exit_code = 1
-                    break
-                continue
-            failed_in_row = 0
-            busy_s = time.perf_counter() - t_update
-            if stats["skipped"]:
-                report.skipped_nonfinite(learner.skipped)
-                continue
-            pos.updates = learner.updates
-            # 3. publish (rank 0, on the background writer; the loop goes on training)
-            if publish:
-                version += 1
-                pos.version = version
-                last_publish, published_updates = time.monotonic(), learner.updates
-                if lead:
-                    _publish(writer, params, league, policy.tensors(), version,
-                             version_meta(cfg, learner.updates, time.time() - started), stop, log,
-                             o.keep_versions, deadline)
-                report.version(version)
-                # 4. league: every rank's games since the last version, pooled; rank 0 folds them off this thread
-                _pool_games(loader, ctx, league, log)
-            # 5. checkpoint (rank 0, background)
-            if lead and learner.updates - last_ckpt_updates >= cfg.optimizer.checkpoint_every:
-                ckpt = _snapshot(learner, version)
-                writer.submit(f"checkpoint v{version}", lambda ckpt=ckpt: _until_stored(
-                    f"checkpoint v{ckpt.version}", lambda: save_checkpoint(store, ckpt, o.keep_checkpoints),
-                    stop, log, deadline))
-                last_ckpt_updates = learner.updates
-            decision = balancer.step(time.monotonic(), **_balance_inputs(buffer.stats()), busy_s=busy_s)
-            report.update(learner.updates, version, stats, staleness, decision, wait_s)
+        exit_code = drive(loop.run(), ctx, stop.wait)
     finally:
         loader.stop()
         # After an unexpected error the weights may be what broke: the last good checkpoint stays the newest.
@@ -263,52 +142,18 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
             report.close()
             metrics.close()
         if lead and clean and lease.held:
-            _checkpoint(store, cfg, learner, version)
+            _checkpoint(store, cfg, learner, loop.version)
             log.info("stopped (%s) at version %d after %d updates; final checkpoint written; the update loop "
-                     "waited at most %.0f ms on the background writer", stop.reason or "done", version,
-                     learner.updates, 1000 * writer.longest_wait_s)
+                     "waited at most %.0f ms on the background writer", stop.reason or "done", loop.version,
+                     learner.updates, 1000 * loop.writer_wait_s)
         elif lead:
             log.warning("stopped (%s) at version %d after %d updates; no final checkpoint",
-                        stop.reason or "error", version, learner.updates)
+                        stop.reason or "error", loop.version, learner.updates)
         if lease:
             lease.release()
         if oplog:
             oplog.close()
     return exit_code
-
-
-def _balance_inputs(b) -> dict[str, int]:
-    return {"received": b.received, "consumed": b.consumed, "wasted": b.dropped_stale + b.evicted_unused,
-            "backlog": b.unused}
-
-
-def version_meta(cfg: Config, updates: int, elapsed_s: float) -> dict:
-    """What a published version says besides its weights: its update count, and the team spirit its games are to
-    be played with (the ppo.team_spirit schedule at this point of the run's budget).
-
-    >>> from rapid.config import RunConfig
-    >>> from rapid.opt.config import PPOConfig
-    >>> version_meta(Config(run=RunConfig(updates=100), ppo=PPOConfig(team_spirit=0.3, team_spirit_final=0.8)), 50, 9.0)
-    {'updates': 50, 'team_spirit': 0.55}
-    """
-    progress = run_progress(cfg, elapsed_s, updates)
-    return {"updates": updates, "team_spirit": linear_schedule(cfg.ppo.team_spirit, cfg.ppo.team_spirit_final,
-                                                                progress)}
-
-
-def _publish(writer: BackgroundWriter, params: ParameterStore, league, tensors, version: int, meta: dict,
-             stop: StopFlag, log, keep: int, deadline: float = math.inf) -> None:
-    """Queue version ``version`` (a copy of the weights): the object, then LATEST, then the league snapshot;
-    versions older than the newest ``keep`` are deleted (0: none)."""
-    def job():
-        _until_stored(f"publishing v{version}", lambda: params.publish(version, tensors, meta),
-                      stop, log, deadline)
-        league.after_publish(version, tensors)
-        try:
-            params.prune(version, keep)
-        except StoreError as e:  # an old version left behind costs storage, nothing else: the next prune retries
-            log.warning("old parameter versions not deleted yet: %s", e)
-    writer.submit(f"publish v{version}", job)
 
 
 def _snapshot(learner: Learner, version: int) -> Checkpoint:
@@ -336,22 +181,6 @@ def _write_layout(store, cfg: Config, world: int, resume: bool, log) -> None:
                     EXPERIENCE_PREFIX)
 
 
-def _pool_games(loader: ExperienceLoader, ctx, league: LeagueKeeper | None, log) -> None:
-    """Every rank's tally of games loaded since the last call, summed on rank 0 for the league (a collective:
-    every rank calls it on the same iteration)."""
-    mine = loader.take_tally()
-    blobs = [mine.encode()] if ctx is None else ctx.all_gather_bytes(mine.encode())
-    if league is None:
-        return
-    tallies = []
-    for rank, blob in enumerate(blobs):
-        try:
-            tallies.append(Tally.decode(blob))
-        except FormatError as e:
-            log.warning("rank %d's game tally is unreadable, skipped: %s", rank, e)
-    league.fold(Tally.merge(tallies))
-
-
 def _reason(message: str) -> str:
     """A small fixed label set for the bad-object counter."""
     if "non-finite" in message:
@@ -363,27 +192,6 @@ def _reason(message: str) -> str:
     if "checksum" in message or "not a" in message or "malformed" in message:
         return "decode"
     return "invalid"
-
-
-def _until_stored(what: str, write, stop: StopFlag, log, deadline: float = math.inf, first_wait_s: float = 1.0,
-                  max_wait_s: float = 30.0):
-    """Retry ``write`` through a store outage, with doubling waits: botocore's own retries cover seconds,
-    an outage can last minutes, and giving up would lose the version (or crash the job). Once asked to
-    stop, the next failure is raised instead (the role then exits with one line). Past ``deadline`` (the
-    run's time limit, wall clock) that is a request to stop: the update loop may be held at its next
-    ``submit`` behind this write, where it cannot see the limit itself."""
-    wait = first_wait_s
-    while True:
-        try:
-            return write()
-        except StoreError as e:
-            if not stop and time.time() >= deadline:
-                stop.set("minutes")
-            if stop:
-                raise
-            log.warning("%s failed, retrying in %.0fs: %s", what, wait, e)
-        stop.wait(wait)
-        wait = min(2 * wait, max_wait_s)
 
 
 def _checkpoint(store, cfg: Config, learner: Learner, version: int) -> None:

@@ -1,0 +1,287 @@
+"""One optimizer rank's update loop: sample → agree → update → publish → league → checkpoint → balance.
+
+The loop is an object whose clock, store, collectives, learner and background writer are given to it, and its
+body is a generator of requests (:mod:`rapid.roles.steps`): :func:`rapid.roles.optimizer.run_optimizer` wires
+it and drives it with threads and real time; the scale model (``benchmarks/bench_fleet.py``) drives this very
+object for hundreds of ranks in simulated time, with a stand-in learner.
+
+How :func:`rapid.roles.optimizer.run_optimizer` wires and drives it::
+
+    parts = Parts(learner, buffer, loader, writer, params, league, report, tensors, checkpoint, store)
+    loop = OptimizerLoop(cfg, parts, Timing(round_s=5.0), stop, log, lead=True, grouped=ctx is not None,
+                         version=0, rng=np.random.default_rng(0))
+    exit_code = drive(loop.run(), ctx, stop.wait)
+
+Every rank runs it in lock step: one all-reduce a round (:class:`rapid.roles.lockstep.Agreement`) decides
+whether to leave, publish and update; no rank waits for a batch longer than ``Timing.round_s``, so its peers
+never wait in a collective past NCCL's watchdog. Only rank 0 (``lead``) publishes and checkpoints, on its
+background writer, so the loop goes on training while the store is slow.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rapid.balance import Balancer, BalanceSettings, publish_due
+from rapid.checkpoints import save_checkpoint
+from rapid.config import Config
+from rapid.errors import FormatError
+from rapid.infra.store import StoreError
+from rapid.league import Tally
+from rapid.opt.losses import linear_schedule
+from rapid.roles.lockstep import Agreement, WaitNotice
+from rapid.roles.steps import AllGather, Sleep, Until
+
+MAX_FAILED_IN_ROW = 50  # a bad batch is skipped; this many in a row is a broken learner, not bad data
+
+
+def run_progress(cfg: Config, elapsed_s: float, updates: int) -> float:
+    """The share of the run's budget done: of run.minutes or run.updates, whichever is further along (0 without
+    a budget). The learning-rate and entropy schedules follow it.
+
+    >>> from rapid.config import RunConfig
+    >>> run_progress(Config(run=RunConfig(minutes=5.0, updates=1000)), elapsed_s=60.0, updates=500)
+    0.5
+    """
+    done = [elapsed_s / (60.0 * cfg.run.minutes)] if cfg.run.minutes else []
+    done += [updates / cfg.run.updates] if cfg.run.updates else []
+    return min(1.0, max(done, default=0.0))
+
+
+def version_meta(cfg: Config, updates: int, elapsed_s: float) -> dict:
+    """What a published version says besides its weights: its update count, and the team spirit its games are to
+    be played with (the ppo.team_spirit schedule at this point of the run's budget).
+
+    >>> from rapid.config import RunConfig
+    >>> from rapid.opt.config import PPOConfig
+    >>> version_meta(Config(run=RunConfig(updates=100), ppo=PPOConfig(team_spirit=0.3, team_spirit_final=0.8)), 50, 9.0)
+    {'updates': 50, 'team_spirit': 0.55}
+    """
+    progress = run_progress(cfg, elapsed_s, updates)
+    return {"updates": updates, "team_spirit": linear_schedule(cfg.ppo.team_spirit, cfg.ppo.team_spirit_final,
+                                                                progress)}
+
+
+def balance_settings(cfg: Config) -> BalanceSettings:
+    o = cfg.optimizer
+    multiple = o.microbatch_samples or 1
+    if not o.balance:
+        return BalanceSettings(o.batch_samples, o.batch_samples, o.max_reuse, 0.0, multiple)
+    hi = o.max_batch_samples or max(o.batch_samples, min(4 * o.batch_samples, o.buffer_samples // 2))
+    hi = max(o.batch_samples, hi - hi % multiple)
+    interval = o.publish_interval_s or cfg.rollout.upload_interval_s
+    return BalanceSettings(o.batch_samples, hi, o.target_reuse, interval, multiple)
+
+
+@dataclass
+class Parts:
+    """What the loop works with. ``learner`` has ``update(arrays, progress) -> stats``, ``updates`` and
+    ``skipped``; ``tensors()`` is a copy of the live weights to publish; ``checkpoint(version)`` a host copy
+    of weights and optimizer state; ``league`` is rank 0's :class:`LeagueKeeper` (None elsewhere); ``writer``
+    rank 0's :class:`rapid.publisher.BackgroundWriter`."""
+
+    learner: object
+    buffer: object
+    loader: object
+    writer: object
+    params: object
+    league: object | None
+    report: object
+    tensors: Callable[[], dict]
+    checkpoint: Callable[[int], object]
+    store: object
+
+
+@dataclass
+class Timing:
+    """How the loop waits. ``round_s``: the longest wait for a batch between two agreements. ``sample_wait_s``:
+    how long one draw from the buffer may block for samples to arrive (a thread: 0.5 s on the buffer's
+    condition; a simulation cannot block: 0). ``idle_s``: the pause between two draws that found nothing
+    (0 where the draw itself waited)."""
+
+    round_s: float
+    sample_wait_s: float = 0.5
+    idle_s: float = 0.0
+
+
+class OptimizerLoop:
+    def __init__(self, cfg: Config, parts: Parts, timing: Timing, stop, log, lead: bool, grouped: bool,
+                 version: int, rng, clock=time):
+        self.cfg, self.p, self.timing, self.stop, self.log, self.lead = cfg, parts, timing, stop, log, lead
+        self.clock, self.rng = clock, rng
+        self.version = version
+        """The newest version published (the loader reads it: experience from a later one is refused)."""
+        self.agree = Agreement(grouped, lead)
+        self.settings = balance_settings(cfg)
+        self.balancer = Balancer(self.settings, clock.monotonic())
+        self.started, self.last_publish = clock.time(), clock.monotonic()
+        self.last_ckpt_updates = self.published_updates = parts.learner.updates
+        self.deadline = self.started + 60 * cfg.run.minutes if cfg.run.minutes else math.inf
+        self.failed_in_row, self.exit_code = 0, 0
+        self.writer_wait_s = 0.0
+        """The longest the loop waited for room on rank 0's writer: time every rank stood still."""
+        self.waiting = WaitNotice(log, parts.store.describe(), clock.monotonic())
+
+    def run(self):
+        """The loop, to its end: yields requests (:mod:`rapid.roles.steps`), returns the exit code."""
+        pending, t_wait = None, None  # a batch held while another rank has none yet; when the wait began
+        p, o = self.p, self.cfg.optimizer
+        while True:
+            # 1. sample: a batch of fresh experience, waiting at most a round (stops on request or limits)
+            t_wait = t_wait or self.clock.monotonic()
+            batch = pending or (yield from self._wait_for_batch())
+            if p.loader.failure and not self.stop:
+                p.report.loader_failed(p.loader.failure)
+                self.stop.set("loader thread died")
+                self.exit_code = 1
+            if self.cfg.run.updates and p.learner.updates >= self.cfg.run.updates:
+                self.stop.set("updates")
+            if self.cfg.run.minutes and self.clock.time() >= self.deadline:
+                self.stop.set("minutes")
+            due = (publish_due(self.clock.monotonic(), self.last_publish, self.settings.publish_interval_s)
+                   if o.balance else (p.learner.updates + 1) % o.publish_every == 0)
+            leave, publish, everyone_ready = yield from self.agree.decide(bool(self.stop), due, batch is not None)
+            if leave:
+                yield from self._finish()
+                return self.exit_code
+            if not everyone_ready:
+                pending = batch
+                self.waiting.still(p.loader.stats.objects, self.clock.monotonic())
+                continue
+            pending = None
+            self.waiting.over(self.clock.monotonic())
+            arrays, staleness = batch
+            wait_s, t_wait = self.clock.monotonic() - t_wait, None
+            # 2. update: one bad batch is skipped, never the end of the job
+            t_update = self.clock.monotonic()
+            try:
+                stats = p.learner.update(arrays, run_progress(self.cfg, self._elapsed(), p.learner.updates))
+            except Exception as e:
+                if self.agree.grouped:  # the other ranks wait in this update's all-reduce: end the job instead
+                    raise
+                p.report.update_failed(e)
+                self.failed_in_row += 1
+                if self.failed_in_row >= MAX_FAILED_IN_ROW:
+                    self.log.error("%d updates in a row failed (last: %s: %s); stopping the optimizer",
+                                   self.failed_in_row, type(e).__name__, e)
+                    self.exit_code = 1
+                    return self.exit_code
+                continue
+            self.failed_in_row = 0
+            busy_s = self.clock.monotonic() - t_update
+            if stats["skipped"]:
+                p.report.skipped_nonfinite(p.learner.skipped)
+                continue
+            # 3. publish (rank 0, on the background writer; the loop goes on training)
+            if publish:
+                self.last_publish, self.published_updates = self.clock.monotonic(), p.learner.updates
+                yield from self._publish()
+                # 4. league: every rank's games since the last version, pooled; rank 0 folds them off this thread
+                yield from self._pool_games()
+            # 5. checkpoint (rank 0, background)
+            if self.lead and p.learner.updates - self.last_ckpt_updates >= o.checkpoint_every:
+                ckpt = p.checkpoint(self.version)
+                yield from self._submit(f"checkpoint v{self.version}", lambda: self._until_stored(
+                    f"checkpoint v{ckpt.version}", lambda: save_checkpoint(p.store, ckpt, o.keep_checkpoints)))
+                self.last_ckpt_updates = p.learner.updates
+            decision = self.balancer.step(self.clock.monotonic(), **_balance_inputs(p.buffer.stats()), busy_s=busy_s)
+            p.report.update(p.learner.updates, self.version, stats, staleness, decision, wait_s)
+
+    def _elapsed(self) -> float:
+        return self.clock.time() - self.started
+
+    def _wait_for_batch(self):
+        """A batch, or None at the end of the round (or of the run), once asked to stop, or when the loader is
+        gone."""
+        p, t = self.p, self.timing
+        until = min(self.deadline, self.clock.time() + t.round_s)
+        while not self.stop and p.loader.failure is None and self.clock.time() < until:
+            batch = p.buffer.sample(self.balancer.batch, self.version, self.rng, self.settings.target_reuse,
+                                    timeout=t.sample_wait_s)
+            if batch is not None:
+                return batch
+            if t.idle_s:
+                yield Sleep(min(t.idle_s, max(0.0, until - self.clock.time())))
+        return None
+
+    def _finish(self):
+        """Leaving: publish what is unpublished, so the final checkpoint holds a published version, and hand
+        the last games to the league."""
+        if self.p.learner.updates > self.published_updates:
+            yield from self._publish()
+        yield from self._pool_games()
+
+    def _publish(self):
+        """Version ``self.version + 1`` (a copy of the weights) queued on rank 0's writer: the object, then LATEST,
+        then the league snapshot; versions older than the newest ``optimizer.keep_versions`` are deleted."""
+        self.version += 1
+        version, p = self.version, self.p
+        if self.lead:
+            tensors = p.tensors()
+            meta = version_meta(self.cfg, p.learner.updates, self._elapsed())
+            keep = self.cfg.optimizer.keep_versions
+
+            def job() -> None:
+                self._until_stored(f"publishing v{version}", lambda: p.params.publish(version, tensors, meta))
+                p.league.after_publish(version, tensors)
+                try:
+                    p.params.prune(version, keep)
+                except StoreError as e:  # an old version left behind costs storage only: the next prune retries
+                    self.log.warning("old parameter versions not deleted yet: %s", e)
+            yield from self._submit(f"publish v{version}", job)
+        p.report.version(version)
+
+    def _submit(self, name: str, job) -> object:
+        """Queue ``job`` on rank 0's writer once it has room (one job runs, at most one waits behind it)."""
+        writer, t0 = self.p.writer, self.clock.monotonic()
+        while not writer.can_submit():
+            yield Until(writer.can_submit, self.timing.round_s, writer.wait_for_room)
+        self.writer_wait_s = max(self.writer_wait_s, self.clock.monotonic() - t0)
+        writer.submit(name, job)
+
+    def _pool_games(self):
+        """Every rank's tally of games loaded since the last call, summed on rank 0 for the league (a collective:
+        every rank asks on the same iteration)."""
+        mine = self.p.loader.take_tally().encode()
+        blobs = (yield AllGather(mine)) if self.agree.grouped else [mine]
+        if self.p.league is None:
+            return
+        tallies = []
+        for rank, blob in enumerate(blobs):
+            try:
+                tallies.append(Tally.decode(blob))
+            except FormatError as e:
+                self.log.warning("rank %d's game tally is unreadable, skipped: %s", rank, e)
+        self.p.league.fold(Tally.merge(tallies))
+
+    def _until_stored(self, what: str, write) -> object:
+        return until_stored(what, write, self.stop, self.log, self.deadline, clock=self.clock)
+
+
+def _balance_inputs(b) -> dict[str, int]:
+    return {"received": b.received, "consumed": b.consumed, "wasted": b.dropped_stale + b.evicted_unused,
+            "backlog": b.unused}
+
+
+def until_stored(what: str, write, stop, log, deadline: float = math.inf, first_wait_s: float = 1.0,
+                 max_wait_s: float = 30.0, clock=time):
+    """Retry ``write`` through a store outage, with doubling waits: botocore's own retries cover seconds,
+    an outage can last minutes, and giving up would lose the version (or crash the job). Once asked to
+    stop, the next failure is raised instead (the role then exits with one line). Past ``deadline`` (the
+    run's time limit, wall clock) that is a request to stop: the update loop may be held at its next
+    ``submit`` behind this write, where it cannot see the limit itself."""
+    wait = first_wait_s
+    while True:
+        try:
+            return write()
+        except StoreError as e:
+            if not stop and clock.time() >= deadline:
+                stop.set("minutes")
+            if stop:
+                raise
+            log.warning("%s failed, retrying in %.0fs: %s", what, wait, e)
+        stop.wait(wait)
+        wait = min(2 * wait, max_wait_s)
