@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from rapid.api import run_dir_config
 from rapid.errors import FormatError, UsageError
 
 WORKER_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}", re.ASCII)
@@ -140,20 +141,8 @@ def load(args: argparse.Namespace, extra: list[str] = ()):
     return load_config(getattr(args, "config", None), [*args.set, *extra])
 
 
-def run_dir_config(run_dir: str | None, extra: list[str] = ()):
-    """The config saved in a run directory, with the run directory pinned to where it is now."""
-    from rapid.config import load_config
-
-    if not run_dir:
-        raise UsageError("--run-dir is required")
-    path = Path(run_dir) / "config.toml"
-    if not path.is_file():
-        raise UsageError(f"{run_dir} is not a run directory (no config.toml)")
-    return load_config(path, [f'run.dir="{Path(run_dir).as_posix()}"', *extra])
-
-
 def cmd_train(args) -> int:
-    from rapid.roles.launcher import run_train
+    from rapid.roles.launcher import fresh_run_dir, run_train
 
     extra = [f"run.{k}={v}" for k, v in (("minutes", args.minutes), ("updates", args.updates),
                                          ("num_workers", args.workers)) if v is not None]
@@ -162,16 +151,9 @@ def cmd_train(args) -> int:
     else:
         cfg = load(args, extra + ([f'run.dir="{args.run_dir}"'] if args.run_dir else []))
         if not cfg.run.dir:  # no directory asked for: a fresh one, never someone's earlier run
-            cfg.run.dir = _fresh_run_dir(cfg.run.name)
-    return run_train(cfg, resume=args.resume, show_progress=not args.no_progress, in_process=args.in_process)
-
-
-def _fresh_run_dir(name: str) -> str:
-    candidate, k = Path("runs") / name, 1
-    while candidate.exists():
-        k += 1
-        candidate = Path("runs") / f"{name}-{k}"
-    return candidate.as_posix()
+            cfg.run.dir = fresh_run_dir(cfg.run.name)
+    return run_train(cfg, resume=args.resume, show_progress=not args.no_progress,
+                     in_process=args.in_process).exit_code
 
 
 def cmd_config(args) -> int:

@@ -167,7 +167,25 @@ def _threads(cfg: Config, run_dir: Path, resume: bool, workers: int, seed_offset
     return optimizer, rollouts, evaluator
 
 
-def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_process: bool = False) -> int:
+@dataclass
+class TrainOutcome:
+    exit_code: int
+    """0 for a clean stop; 1 when the optimizer failed."""
+    summary: str
+
+
+def fresh_run_dir(name: str) -> str:
+    """runs/<name>, or runs/<name>-2, -3… when taken: a run with no directory asked for never lands in another's."""
+    candidate, k = Path("runs") / name, 1
+    while candidate.exists():
+        k += 1
+        candidate = Path("runs") / f"{name}-{k}"
+    return candidate.as_posix()
+
+
+def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_process: bool = False,
+              echo: bool = True) -> TrainOutcome:
+    """Every role on this machine until a stop; ``echo`` prints the opening line and the summary (`rapid train`)."""
     run_dir = prepare_run_dir(cfg, resume)
     logs = run_dir / "logs"
     workers = cfg.run.num_workers or default_workers()
@@ -180,9 +198,10 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_
     metrics = start_metrics(LauncherMetrics, cfg)
     run_logs = RunLogs(run_dir)
     progress = Progress(run_logs, enabled=show_progress)
-    print(f"rapid train: run {cfg.run.name} in {run_dir} — {workers} rollout worker(s) × {cfg.env.num_games} games "
-          f"of {cfg.env.name}{', as threads of one process' if in_process else ''}; logs in {logs}; "
-          "Ctrl-C stops cleanly", flush=True)
+    if echo:
+        print(f"rapid train: run {cfg.run.name} in {run_dir} — {workers} rollout worker(s) × {cfg.env.num_games} games "
+              f"of {cfg.env.name}{', as threads of one process' if in_process else ''}; logs in {logs}; "
+              "Ctrl-C stops cleanly", flush=True)
     started = time.time()
     optimizer.start()
     for child in helpers:
@@ -222,8 +241,10 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_
         progress.close()
         metrics.close()
     code = optimizer.returncode
-    print(final_summary(run_dir, reason, time.time() - started, code))
+    summary = final_summary(run_dir, reason, time.time() - started, code)
+    if echo:
+        print(summary)
     if code not in (0, -signal.SIGTERM):
         print(f"rapid train: the optimizer failed (exit code {code}); see {optimizer.log_path}", file=sys.stderr)
-        return 1
-    return 0
+        return TrainOutcome(1, summary)
+    return TrainOutcome(0, summary)
