@@ -3,15 +3,27 @@ through a folder shared by the processes of a node.
 
 At the product card's scale every rollout process polling ``params/LATEST`` and downloading every version
 itself is W GETs on one key per poll and W × the object's size per publish. Through a :class:`NodeCachedStore`
-the first process of a node to need an object downloads it under a lock and writes it atomically into the
-node's folder; the others read the file. Immutable objects (published versions, snapshots, pool revisions) are
-kept until pruned; pointers (``params/LATEST``, ``league/pool.json``) are re-read from the store at most once
-per ``ttl_s`` per node. Everything else, writes included, goes straight to the store.
+the first process of a node to need an object fetches it and writes it atomically into the node's folder; the
+others read the file. Immutable objects (published versions, snapshots, pool revisions) are kept until pruned;
+pointers (``params/LATEST``, ``league/pool.json``) are re-read from the store at most once per ``ttl_s`` per
+node. Everything else, writes included, goes straight to the store.
 
-The folder is ``<run dir>/node-cache/<run id>``: processes of one run on one node share it (MPI ranks, the
-processes of ``rapid train``); in Kubernetes each pod is a node of its own unless its run dir is on a volume
-shared by the pods of a node. The run id comes from ``layout.json``, so a new run in a reused store never reads
-an old run's versions. What is read from the cache is decoded and checked like anything from the store.
+No lock is held across a request to the store: a GET that hangs (up to the store's 60 s read timeout) must not
+stall the node's other pollers. The process that fetches first *claims* the object (a claim file with the
+claim's time, written under the folder's lock, which is held only for such file operations); while a claim is
+younger than its lease the node's other processes serve their cached copy of a pointer, or wait for an object
+they have no copy of. A claim older than its lease (a pointer's time to live; for other objects the shortest
+one, the parameter poll interval) is taken over, so a hung GET costs the node at most one poll interval; the
+late answer of a claim that was taken over is returned to its caller but not written (the node's copy is at
+least as new). A download that legitimately takes longer than the lease is taken over too: at most one more
+download per lease, never one per process.
+
+The folder must be local to the node and shared by its rollout processes: ``rollout.node_cache_dir`` (default
+``<run dir>/node-cache``) plus the run id. The shipped Kubernetes Deployment mounts one hostPath folder of the
+node into every rollout pod; the Slurm script points it at the node's ``/tmp``, not at the run dir on the
+shared file system (docs/cluster.md). The run id comes from ``layout.json``, so a new run in a reused store
+never reads an old run's versions. What is read from the cache is decoded and checked like anything from the
+store.
 
 Usage::
 
@@ -29,6 +41,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -38,6 +51,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from rapid.infra.store import DEFAULT_MAX_BYTES, KeyNotFound, ObjectTooLarge, Store, validate_key
 from rapid.store_map import PARAMS_LATEST, POOL_POINTER, POOL_REVISIONS_PREFIX, SNAPSHOTS_PREFIX
@@ -47,15 +61,34 @@ IMMUTABLE = re.compile(r"params/[0-9]{12}\.rpm|" + re.escape(SNAPSHOTS_PREFIX) +
                        + re.escape(POOL_REVISIONS_PREFIX) + r"[0-9]{12}\.json", re.ASCII)
 MAX_FILES = 64
 """Immutable objects kept on a node; the least recently written go first."""
+DEFAULT_LEASE_S = 5.0
+"""A claim's lease when the cache has no pointers to take it from (the default parameter poll interval)."""
+WAIT_S = 0.05
+"""How often a process waiting for an object another process has claimed looks again."""
+
+
+class _Claim(NamedTuple):
+    token: str
+    at: float  # on the claimant's clock
+    mine: bool
+
+
+def _claim_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.claim")
 
 
 class NodeCachedStore(Store):
     def __init__(self, inner: Store, folder: str | os.PathLike, pointers: dict[str, float],
-                 clock: Callable[[], float] = time.time, max_files: int = MAX_FILES):
+                 clock: Callable[[], float] = time.time, max_files: int = MAX_FILES,
+                 sleep: Callable[[float], None] = time.sleep):
+        """``clock`` dates the node's copies and claims; ``sleep`` is how a process waits for an object another
+        one has claimed (a simulation on one thread passes one that moves its simulated clock)."""
         self.inner, self.url = inner, inner.url
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.pointers, self.clock, self.max_files = dict(pointers), clock, max_files
+        self.pointers, self.clock, self.sleep, self.max_files = dict(pointers), clock, sleep, max_files
+        self.lease_s = min(self.pointers.values(), default=DEFAULT_LEASE_S)
+        """How long a claim on an object other than a pointer holds off the node's other processes."""
         self.fetched = 0
         """Objects this process fetched from the store for the node (the others read them from the folder)."""
 
@@ -70,17 +103,84 @@ class NodeCachedStore(Store):
         return data
 
     def _shared(self, path: Path, ttl: float | None, fetch: Callable[[], bytes]) -> bytes:
-        """The node's copy at ``path`` if fresh; else one process of the node runs ``fetch`` under a lock and
-        writes the copy, and the others, waiting on the lock, read it."""
-        data = self._fresh(path, ttl)
-        if data is None:
-            with open(path.with_name(f".{path.name}.lock"), "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                data = self._fresh(path, ttl)
-                if data is None:
-                    data = fetch()
-                    self._write(path, data, immutable=ttl is None)
+        """The node's copy at ``path`` if fresh; else this process claims it and runs ``fetch``, unless another
+        process holds a live claim: then the node's copy, stale or not, or, with no copy yet, wait until the
+        copy appears or the claim has lasted its lease and take it over. The lease runs on the clock and, for
+        a clock that does not move while this thread waits (a simulation's), in the time waited."""
+        lease = self.lease_s if ttl is None else ttl
+        watching, waited, force = "", 0.0, None
+        while (data := self._fresh(path, ttl)) is None:
+            claim = self._claim(path, lease, force)
+            if claim.mine:
+                return self._fetch_claimed(path, ttl, claim.token, fetch)
+            if (data := self._read(path)) is not None:
+                return data  # a pointer another process is refreshing: the node's copy meanwhile
+            if claim.token != watching:
+                watching, waited = claim.token, 0.0  # a new claim (a takeover): its lease starts now
+            self.sleep(WAIT_S)
+            waited += WAIT_S
+            force = watching if waited >= lease else None
         return data
+
+    def _claim(self, path: Path, lease: float, force: str | None) -> _Claim:
+        """Claims ``path`` for this process unless a claim younger than ``lease`` is held (``force``: that
+        claim's token, taken over whatever its age). A folder that cannot be written gives an unshared claim:
+        the fetch goes on, only the sharing is lost."""
+        token = os.urandom(8).hex()
+        try:
+            with self._locked():
+                held = self._held(path)
+                if held is not None and held.token != force and self.clock() - held.at < lease:
+                    return held
+                _claim_path(path).write_text(f"{self.clock()!r} {token}")
+        except OSError as e:
+            log.warning("node cache %s: no claim (%s)", self.folder, e)
+        return _Claim(token, 0.0, mine=True)
+
+    def _fetch_claimed(self, path: Path, ttl: float | None, token: str, fetch: Callable[[], bytes]) -> bytes:
+        """Fetches under this process's claim; the copy is written only if the claim is still this process's
+        (one taken over after its lease leaves the node the taker's copy, at least as new)."""
+        staged = None
+        try:
+            data = self._fresh(path, ttl)  # another process may have written it just before the claim
+            if data is None:
+                data = fetch()
+                staged = self._stage(data)
+            return data
+        finally:
+            self._release(path, token, staged, immutable=ttl is None)
+
+    def _release(self, path: Path, token: str, staged: Path | None, immutable: bool) -> None:
+        try:
+            with self._locked():
+                held = self._held(path)
+                if held is not None and held.token == token:
+                    if staged is not None:
+                        self._place(staged, path)
+                        staged = None
+                        if immutable:
+                            self._prune()
+                    _claim_path(path).unlink()
+        except OSError as e:  # a full or read-only folder costs the sharing, not the read
+            log.warning("node cache %s not written: %s", self.folder, e)
+        finally:
+            if staged is not None:
+                staged.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """The folder's lock: held only around claim and rename operations on local files, never across a
+        request to the store."""
+        with open(self.folder / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def _held(self, path: Path) -> _Claim | None:
+        try:
+            at, token = _claim_path(path).read_text().split()
+            return _Claim(token, float(at), mine=False)
+        except (FileNotFoundError, ValueError):  # none, or one cut short by a full disk: nobody's
+            return None
 
     def _fetch(self, key: str, max_bytes: int, path: Path) -> bytes:
         """From the store. A missing pointer (no pool yet) and the pool's next revision, which every reader
@@ -94,7 +194,10 @@ class NodeCachedStore(Store):
             data = self.inner.get(key, max_bytes)
         except KeyNotFound:
             if miss_ttl is not None:
-                self._write(miss, b"", immutable=False)
+                try:
+                    self._place(self._stage(b""), miss)
+                except OSError as e:
+                    log.warning("node cache %s not written: %s", self.folder, e)
             raise
         self.fetched += 1
         return data
@@ -103,22 +206,34 @@ class NodeCachedStore(Store):
         try:
             if ttl is not None and self.clock() - path.stat().st_mtime >= ttl:
                 return None
+        except FileNotFoundError:
+            return None
+        return self._read(path)
+
+    @staticmethod
+    def _read(path: Path) -> bytes | None:
+        try:
             return path.read_bytes()
         except FileNotFoundError:
             return None
 
-    def _write(self, path: Path, data: bytes, immutable: bool) -> None:
+    def _stage(self, data: bytes) -> Path | None:
+        """``data`` in a new file of the folder, to be renamed into place (None if it cannot be written)."""
         try:
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-")
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-            os.replace(tmp, path)  # atomic: a reader sees the whole object or none
-            now = self.clock()
-            os.utime(path, (now, now))  # freshness is the file's age on this cache's clock
-            if immutable:
-                self._prune()
-        except OSError as e:  # a full or read-only folder costs the sharing, not the read
+            return Path(tmp)
+        except OSError as e:
             log.warning("node cache %s not written: %s", self.folder, e)
+            return None
+
+    def _place(self, staged: Path | None, path: Path) -> None:
+        if staged is None:
+            return
+        os.replace(staged, path)  # atomic: a reader sees the whole object or none
+        now = self.clock()
+        os.utime(path, (now, now))  # freshness is the file's age on this cache's clock
 
     def _prune(self) -> None:
         files = [p for p in self.folder.iterdir() if not p.name.startswith(".")]
@@ -127,6 +242,7 @@ class NodeCachedStore(Store):
         files.sort(key=lambda p: p.stat().st_mtime)
         for p in files[:len(files) - self.max_files - len(self.pointers)]:
             p.unlink(missing_ok=True)
+            _claim_path(p).unlink(missing_ok=True)  # one left by a process that died while fetching
 
     def put(self, key: str, data: bytes) -> None:
         self.inner.put(key, data)

@@ -1,13 +1,17 @@
 """The node cache (issue 23): the rollout processes of a node fetch a version, a snapshot or the pool once, not
-once each, and re-read a pointer at most once per its time to live."""
+once each, and re-read a pointer at most once per its time to live. Issue 31: no lock is held across a GET, so
+one that hangs stalls the node's other pollers for at most one poll interval."""
 
 from __future__ import annotations
 
+import collections
 import multiprocessing
 import os
+import threading
 import time
 
 import numpy as np
+import pytest
 
 from rapid.infra.store import KeyNotFound, LocalStore
 from rapid.node_cache import NodeCachedStore, rollout_store
@@ -118,3 +122,98 @@ def test_a_missing_pool_is_looked_up_once_per_node_and_ttl(tmp_path):
     readers = [League(cached) for _ in range(20)]  # the workers of a node, before the optimizer made a pool
     assert not any(reader.exists() for reader in readers)
     assert store.gets + store.lists == 2  # one GET of the pointer, one LIST of the revisions, for the node
+
+
+LATEST, VERSION = "params/LATEST", "params/000000000004.rpm"
+
+
+class HangingStore(LocalStore):
+    """Counts GETs per key; the GET of ``hang_key`` reads the object, then hangs until ``release`` (a GET stuck
+    in a dead connection, answering late with what it read)."""
+
+    def __init__(self, root, hang_key):
+        super().__init__(root)
+        self.hang_key, self.gets = hang_key, collections.Counter()
+        self.hanging, self.release = threading.Event(), threading.Event()
+
+    def get(self, key, max_bytes=1 << 40):
+        self.gets[key] += 1
+        data = super().get(key, max_bytes)
+        if key == self.hang_key and not self.hanging.is_set():
+            self.hanging.set()
+            self.release.wait(5)  # bounded, so the old cache (which waits on its lock) fails, not hangs
+        return data
+
+
+def _hang(cache, key):
+    """Starts ``cache.get(key)`` on a thread, returns once its GET hangs, with the list its answer goes to."""
+    answer = []
+    thread = threading.Thread(target=lambda: answer.append(cache.get(key)), daemon=True)
+    thread.start()
+    assert cache.inner.hanging.wait(5)
+    return thread, answer
+
+
+def test_a_hung_pointer_get_stalls_no_poller_and_one_fetch_takes_over_after_a_poll_interval(tmp_path):
+    clock = [1000.0]
+    store = HangingStore(tmp_path / "store", LATEST)
+    a, b, c = (NodeCachedStore(store, tmp_path / "node", {LATEST: 5.0}, clock=lambda: clock[0]) for _ in "abc")
+    store.put(LATEST, b"1")
+    store.hanging.set()  # not yet
+    assert b.get(LATEST) == b"1"
+    store.hanging.clear()
+    store.put(LATEST, b"2")
+    clock[0] += 6.0  # the node's copy is stale: a refreshes it, and its GET hangs
+    hung, answer = _hang(a, LATEST)
+    started = time.monotonic()
+    assert b.get(LATEST) == b"1" and c.get(LATEST) == b"1"  # the node's copy meanwhile, at once
+    assert time.monotonic() - started < 1.0 and store.gets[LATEST] == 2
+    store.put(LATEST, b"3")
+    clock[0] += 4.9
+    assert b.get(LATEST) == b"1" and store.gets[LATEST] == 2  # the claim is younger than a poll interval
+    clock[0] += 0.1
+    assert b.get(LATEST) == b"3" and c.get(LATEST) == b"3"  # taken over: one fetch for the node
+    assert store.gets[LATEST] == 3
+    store.release.set()
+    hung.join(5)
+    assert answer == [b"2"]  # the late answer goes to its caller, not into the node's copy
+    assert c.get(LATEST) == b"3" and store.gets[LATEST] == 3
+
+
+def test_after_a_short_hang_exactly_one_fetch_updates_the_node(tmp_path):
+    clock = [1000.0]
+    store = HangingStore(tmp_path / "store", LATEST)
+    a, b, c = (NodeCachedStore(store, tmp_path / "node", {LATEST: 5.0}, clock=lambda: clock[0]) for _ in "abc")
+    store.put(LATEST, b"1")
+    store.hanging.set()
+    assert b.get(LATEST) == b"1"
+    store.hanging.clear()
+    store.put(LATEST, b"2")
+    clock[0] += 6.0
+    hung, answer = _hang(a, LATEST)
+    clock[0] += 2.0
+    assert b.get(LATEST) == b"1" and c.get(LATEST) == b"1"
+    store.release.set()
+    hung.join(5)
+    assert answer == [b"2"] and b.get(LATEST) == b"2" and c.get(LATEST) == b"2"
+    assert store.gets[LATEST] == 2  # the priming read and the hung one: nobody else fetched
+    assert not list((tmp_path / "node").glob(".*.claim"))  # every claim was given back
+
+
+@pytest.mark.parametrize("simulated", [False, True], ids=["real-clock", "simulated-clock"])
+def test_a_version_another_process_is_stuck_fetching_is_taken_over_after_one_poll_interval(tmp_path, simulated):
+    """With no copy to serve, a process waits for the claimant, but for one lease at most. On a simulated
+    clock (one thread, nothing else moves it) the wait moves that clock; nothing waits on the wall."""
+    clock = [1000.0]
+    now, sleep = ((lambda: clock[0]), (lambda s: clock.__setitem__(0, clock[0] + s))) if simulated \
+        else (time.time, time.sleep)
+    store = HangingStore(tmp_path / "store", VERSION)
+    store.put(VERSION, b"four")
+    a, b = (NodeCachedStore(store, tmp_path / "node", {LATEST: 0.3}, clock=now, sleep=sleep) for _ in "ab")
+    hung, answer = _hang(a, VERSION)
+    started, wall = now(), time.monotonic()
+    assert b.get(VERSION) == b"four" and store.gets[VERSION] == 2
+    assert 0.3 - 1e-9 <= now() - started < 0.3 + 0.5 and time.monotonic() - wall < 1.0
+    store.release.set()
+    hung.join(5)
+    assert answer == [b"four"] and store.gets[VERSION] == 2
