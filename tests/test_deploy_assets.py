@@ -83,6 +83,27 @@ def test_kubernetes_workloads_run_real_console_scripts():
         assert {"secretRef": {"name": secret["metadata"]["name"]}} in container["envFrom"]
 
 
+def test_the_rollout_pods_of_a_node_share_one_node_cache(tmp_path):
+    """Issue 31: every rollout pod mounts the same folder of its node and points rollout.node_cache_dir at it,
+    so the pods of a node fetch a version once and read params/LATEST once per poll interval, not each."""
+    from rapid.config import load_config
+
+    deployment = yaml.safe_load((DEPLOY / "k8s/rollout-deployment.yaml").read_text())
+    pod = deployment["spec"]["template"]["spec"]
+    (rollout,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (cache,) = [m for m in rollout["volumeMounts"] if "hostPath" in volumes[m["name"]]]
+    host = volumes[cache["name"]]["hostPath"]
+    assert host["path"].startswith("/") and "$" not in host["path"]  # one fixed path on every node
+    assert host["type"] == "DirectoryOrCreate" and not cache.get("readOnly") and "subPath" not in cache
+    words = shlex.split(" ".join(rollout["args"]))
+    overrides = [words[i + 1] for i, w in enumerate(words) if w in ("--set", "-s")]
+    configmap = yaml.safe_load((DEPLOY / "k8s/config-example.yaml").read_text())
+    (tmp_path / "run.toml").write_text(configmap["data"]["run.toml"])
+    cfg = load_config(tmp_path / "run.toml", overrides)
+    assert cfg.rollout.node_cache_dir == cache["mountPath"]  # rapid adds the run id below it
+
+
 def test_config_example_is_a_valid_rapid_config():
     from rapid.config import build_config
 
