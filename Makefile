@@ -1,8 +1,13 @@
 # One-command set-up and runs. `make train` and `make test` create the virtual environment on first use.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The CPU build of torch; pyproject.toml itself states a range, so GPU users keep their CUDA build.
+# torch from the index pip is configured with (pyproject.toml itself states a range, so GPU users keep their
+# CUDA build). From the public index (PyPI) Linux x86_64 gets the CUDA build (several GB); choose a build by its
+# PyTorch index on a fresh .venv (`rm -rf .venv` first):
+#   make train TORCH_INDEX=https://download.pytorch.org/whl/cpu       # the CPU build
+#   make train TORCH_INDEX=https://download.pytorch.org/whl/cuXYZ     # a CUDA build (pytorch.org lists XYZ)
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
 
 .PHONY: setup train test prometheus slurm clean
 
@@ -11,7 +16,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)")
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
