@@ -133,6 +133,20 @@ def test_sbatch_script_is_valid_bash_and_starts_both_roles():
     assert any("--het-group=1" in s for s in steps), steps
 
 
+def test_sbatch_rollouts_share_a_node_local_cache_not_the_run_dir():
+    """Issue 31: in the shared run dir the node cache's lock would be one flock over NFS/Lustre for every node."""
+    text = (DEPLOY / "slurm/rapid.sbatch").read_text()
+    (assign,) = [line for line in text.splitlines() if line.startswith("NODE_CACHE=")]
+    folder = subprocess.run(["bash", "-c", f'{assign}; echo "$NODE_CACHE"'], capture_output=True, text=True,
+                            env={"SLURM_JOB_ID": "7", "RAPID_RUN_DIR": "/shared/runs/x", "PATH": "/usr/bin:/bin"},
+                            check=True).stdout.strip()
+    assert folder == "/tmp/rapid-node-cache-7"
+    steps = [line.strip() for line in text.replace("\\\n", " ").splitlines() if line.strip().startswith("srun ")]
+    (rollouts,) = [s for s in steps if "rapid-rollout" in s]
+    assert "--het-group=1" in rollouts and '--set "rollout.node_cache_dir=\\"$NODE_CACHE\\""' in rollouts
+    assert any("--het-group=1" in s and s.endswith('rm -rf "$NODE_CACHE" || true') for s in steps), steps
+
+
 def test_compose_mounts_files_that_exist():
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     assert {"minio", "prometheus", "grafana"} <= set(compose["services"])
