@@ -134,6 +134,11 @@ def relaxed(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 @cache
+def rapid_parser(whole: bool) -> argparse.ArgumentParser:
+    return build_parser() if whole else relaxed(build_parser())
+
+
+@cache
 def benchmark_module(script: str):
     path = ROOT / script
     spec = importlib.util.spec_from_file_location(f"_docs_{path.stem}", path)
@@ -156,8 +161,7 @@ def parse_error(cmd: Command) -> str | None:
     try:
         with contextlib.redirect_stderr(out), contextlib.redirect_stdout(io.StringIO()):
             if cmd.argv[0] in PROGRAMS:
-                parser = build_parser() if cmd.whole else relaxed(build_parser())
-                parser.parse_args([*PROGRAMS[cmd.argv[0]], *cmd.argv[1:]])
+                rapid_parser(cmd.whole).parse_args([*PROGRAMS[cmd.argv[0]], *cmd.argv[1:]])
             else:
                 parse_benchmark(cmd)
     except SystemExit as e:
