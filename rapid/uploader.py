@@ -28,6 +28,8 @@ and counted, so memory stays bounded through an outage and nothing newer is lost
 Sealing and uploading run on two threads: a store that hangs (a stopped server accepts connections but
 never answers, and a read timeout can be a minute) holds up only the uploading thread, while sealing goes
 on every ``interval_s`` and the bound holds: at most ``max_backlog`` objects waiting plus the one in flight.
+Each thread's step is public (``seal``, ``upload_pending``): the scale model runs them in simulated time
+instead of starting the threads.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ class Uploader:
         with self._lock:
             self._pending.append(segment)
 
-    def _seal(self) -> None:
+    def seal(self) -> None:
         """Turn pending segments into encoded objects at the back of the backlog."""
         with self._lock:
             segments, self._pending = self._pending, []
@@ -195,14 +197,14 @@ class Uploader:
             self.on_upload(samples, len(data), self.stats.last_upload_s)
         return True
 
-    def _drain(self) -> None:
+    def upload_pending(self) -> None:
         """Upload what waits, oldest first, until the backlog is empty or the store fails."""
         while self._upload_one():
             pass
 
     def _seal_loop(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self._seal()
+            self.seal()
 
     def _drain_loop(self) -> None:
         while not self._stop.is_set():
@@ -215,8 +217,8 @@ class Uploader:
                 self._stop.wait(self.interval_s)  # botocore has retried already; try again next interval
 
     def flush(self) -> None:
-        self._seal()
-        self._drain()
+        self.seal()
+        self.upload_pending()
 
     def stop(self) -> None:
         self._stop.set()

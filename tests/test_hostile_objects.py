@@ -276,20 +276,24 @@ def test_poller_warns_while_it_stays_behind(tmp_path, caplog):
 
 
 def test_params_that_do_not_fit_the_model_are_rejected_and_the_worker_keeps_its_version(tmp_path):
-    from rapid.roles.rollout import _swap_params
+    import logging
+
+    from rapid.roles.rollout_loop import RolloutLoop
 
     class Worker:
         version = 0
 
-        def set_params(self, version, tensors):
+        def set_params(self, version, tensors, meta):
             if "w" not in tensors:
                 raise ValueError("parameters do not match the model")
             self.version = version
 
     store, params, poller, failures = poller_on(tmp_path)
     worker = Worker()
-    assert _swap_params(worker, poller, (7, {"x": np.zeros(1)}), 0) == 0 and worker.version == 0
-    assert _swap_params(worker, poller, (8, tensors(8)), 0) == 8
+    loop = RolloutLoop(worker, None, poller, None, None, 2, 0.0, None, logging.getLogger("t"))
+    loop.version = 0
+    assert loop._swap((7, {"x": np.zeros(1)}, {})) == 0 and worker.version == 0
+    assert loop._swap((8, tensors(8), {})) == 8 and loop.version == 8
     assert 7 in poller._bad and "does not fit" in failures[0]
 
 

@@ -24,25 +24,13 @@ from rapid.monitoring.metrics import RolloutMetrics
 from rapid.node_cache import rollout_store
 from rapid.opponents import LeagueOpponents
 from rapid.param_store import ParameterStore
+from rapid.roles.rollout_loop import RolloutLoop
 from rapid.roles.startup import StopFlag, build_policy, open_run_store, setup_logging, start_metrics
+from rapid.roles.steps import drive
 from rapid.rollout_worker import RolloutSettings, RolloutWorker
 from rapid.run_watch import RunWatch, quiet_s
 from rapid.store_map import read_run
 from rapid.uploader import Uploader
-
-
-def _wait_for_first_params(poller: ParamPoller, stop: StopFlag, log) -> tuple[int, dict, dict] | None:
-    """The first good version the poller fetches; None if stopped before the optimizer published one."""
-    started, warned = time.monotonic(), False
-    while not stop:
-        first = poller.take()
-        if first is not None:
-            return first
-        if not warned and time.monotonic() - started > 2.0:
-            log.info("waiting for the optimizer to publish parameters…")
-            warned = True
-        stop.wait(0.2)
-    return None
 
 
 def _run_layout(store, stop: StopFlag, log) -> tuple[int, str | None] | None:
@@ -90,83 +78,27 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
     worker = RolloutWorker(env, policy, RolloutSettings.of(cfg, env.spec), opponents, seed=seed)
 
     poller = ParamPoller(params, cfg.rollout.param_poll_s, log, on_failure=metrics.param_refresh_failed)
-    poller.start()
-    version = None
-    while version is None:
-        first = _wait_for_first_params(poller, stop, log)
-        if first is None:
-            poller.stop()
-            return 0
-        version = _swap_params(worker, poller, first, None)
-    metrics.param_version(version)
     # Finished games travel inside the experience objects: the optimizer ranks tally them for the league.
     uploader = Uploader(store, worker_id, cfg.rollout.upload_interval_s, cfg.rollout.max_backlog,
                         shards=shards, max_backlog_bytes=cfg.rollout.max_backlog_mb << 20,
                         on_upload=metrics.samples_uploaded, on_failure=metrics.upload_failed,
                         on_drop=metrics.backlog_dropped)
+    loop = RolloutLoop(worker, uploader, poller, RunWatch(store, quiet_s=quiet_s(cfg)), metrics,
+                       env.spec.num_agents, cfg.rollout.linger_s, stop, log)
+    poller.start()
     uploader.start()
-    log.info("worker %s started: %d games of %s, params v%d, store %s", worker_id, env.num_games,
-             cfg.env.name, version, store.describe())
-    watch = RunWatch(store, quiet_s=quiet_s(cfg))
-    version_at, asked = time.time(), False
+    log.info("worker %s started: %d games of %s, store %s", worker_id, env.num_games, cfg.env.name,
+             store.describe())
     try:
-        while not stop:
-            gone = watch.optimizer_gone(version_at, time.time(), force=not asked)  # at start, then when quiet
-            asked = True
-            if gone and not _linger(watch, gone, cfg.rollout.linger_s, stop, log):
-                return 0
-            segment = worker.collect()
-            uploader.add(segment)
-            metrics.env_steps(segment.env_steps // env.spec.num_agents)
-            metrics.agent_steps(segment.env_steps)
-            metrics.backlog(uploader.stats.backlog)
-            for ep in segment.episodes:
-                metrics.episode(ep["learner_return"], ep["length"])
-            newer = poller.take()
-            if newer is not None:  # swapped only between segments
-                metrics.param_version(_swap_params(worker, poller, newer, worker.version))
-                version_at = time.time()
-            metrics.params_behind(poller.behind_s())
-            if not poller.alive():
-                log.error("worker %s: the parameter poller thread has died; stopping", worker_id)
-                return 1
+        return drive(loop.run(), wait=stop.wait)
     finally:
         poller.stop()
         uploader.stop()
         env.close()
         metrics.close()
         s = uploader.stats
-        log.info("worker %s stopped: %d objects, %d samples uploaded, %d dropped, %d failures", worker_id,
-                 s.objects, s.samples, s.dropped_samples, s.failures)
-    return 0
-
-
-def _linger(watch: RunWatch, gone: str, linger_s: float, stop: StopFlag, log) -> bool:
-    """Wait, playing no games (so uploading no experience), up to ``linger_s`` for an optimizer to take the run again (a
-    ``--resume``); True if one did, False if this worker should stop."""
-    log.warning("the run's optimizer %s; playing no more games%s", gone,
-                f", stopping in {linger_s:.0f}s unless an optimizer takes the run again" if linger_s else "")
-    deadline = time.time() + linger_s
-    while not stop and time.time() < deadline:
-        stop.wait(min(watch.every_s, max(deadline - time.time(), 0.0)))
-        if not watch.optimizer_gone(0.0, time.time(), force=True):
-            log.info("an optimizer holds the run again: playing on")
-            return True
-    if not stop:
-        log.warning("no optimizer took the run within rollout.linger_s = %gs: this worker stops", linger_s)
-        stop.set("run stopped")
-    return False
-
-
-def _swap_params(worker: RolloutWorker, poller: ParamPoller, new: tuple[int, dict, dict], in_use: int | None):
-    """The version the worker plays after trying ``new``: tensors that do not fit the model (names,
-    shapes) are rejected like any bad object and the worker keeps ``in_use``."""
-    try:
-        worker.set_params(*new)
-    except ValueError as e:
-        poller.reject(new[0], in_use, str(e))
-        return in_use
-    return new[0]
+        log.info("worker %s stopped at v%s: %d objects, %d samples uploaded, %d dropped, %d failures", worker_id,
+                 loop.version, s.objects, s.samples, s.dropped_samples, s.failures)
 
 
 class ParamPoller:
@@ -182,8 +114,9 @@ class ParamPoller:
     """
 
     def __init__(self, params: ParameterStore, interval_s: float, log, on_failure=None,
-                 warn_every_s: float = 60.0):
+                 warn_every_s: float = 60.0, rng: random.Random | None = None):
         self.params, self.interval_s, self.log = params, interval_s, log
+        self.rng = rng or random.Random()
         self.on_failure, self.warn_every_s = on_failure, warn_every_s
         self._known: int | None = None
         self._bad: set[int] = set()
@@ -201,7 +134,8 @@ class ParamPoller:
         self._stop.set()  # not joined: it may be waiting on a hung store, and it holds nothing to flush
 
     def alive(self) -> bool:
-        return self._thread.is_alive() or self._stop.is_set()
+        """False once its thread has died (a poller driven without its thread never dies)."""
+        return self._thread.is_alive() or self._stop.is_set() or self._thread.ident is None
 
     def take(self) -> tuple[int, dict, dict] | None:
         """(version, tensors, meta) of a newer version than the last taken, or None."""
@@ -234,9 +168,14 @@ class ParamPoller:
                 self.log.warning("no newer parameters for %.0fs although newer ones exist or cannot be looked "
                                  "up; still playing %s", behind,
                                  "nothing" if self._known is None else f"v{self._known}")
-            wait = self.interval_s * random.uniform(0.8, 1.2)  # jittered: the processes of a fleet never poll in step
-            if self._stop.wait(wait if self._known is not None else min(wait, 1.0)):
+            if self._stop.wait(self.next_wait()):
                 return
+
+    def next_wait(self) -> float:
+        """Seconds to the next poll: jittered, so the processes of a fleet never poll in step; at most a second
+        until the first version is had."""
+        wait = self.interval_s * self.rng.uniform(0.8, 1.2)
+        return wait if self._known is not None else min(wait, 1.0)
 
     def poll_once(self) -> None:
         try:
