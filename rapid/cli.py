@@ -110,6 +110,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draw every K-th step (default 1; 2 or 3 keep a long game's GIF small)")
     p.add_argument("--fps", type=float, default=10.0, help="frames per second of the GIF (default 10)")
 
+    p = sub.add_parser(
+        "export", help="write a policy as one file for torch alone (TorchScript) or onnxruntime alone (ONNX)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Write a published version as a standalone policy: the observation normalizer and the LSTM "
+                    "state handling built in (inputs obs, mask, h, c, first; outputs actions, logp, value, h, c; "
+                    "see rapid/export.py).",
+        epilog="examples:\n"
+               "  rapid export --run-dir runs/c4 --format torchscript --out c4.pt\n"
+               "  rapid export --run-dir runs/moba --version v120 --format onnx --out moba.onnx")
+    _run_dir_arg(p, required=True)
+    p.add_argument("--version", default="latest", help="params version: latest, 12 or v12 (default latest)")
+    p.add_argument("--format", choices=("torchscript", "onnx"), default="torchscript",
+                   help="torchscript (runs with torch alone) or onnx (with onnxruntime alone); default torchscript")
+    p.add_argument("--out", required=True, help="the file to write")
+
     p = sub.add_parser("report", help="write PNG plots of a run from its logs")
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--out", help="output folder (default RUN_DIR/report)")
@@ -265,6 +280,15 @@ def replay_outcome(result, players: list[str]) -> str:
     return f"won by {players[result.winner]} {how} after {result.length} steps"
 
 
+def cmd_export(args) -> int:
+    from rapid.api import load_policy
+    from rapid.export import describe_file, export_policy
+
+    path = export_policy(load_policy(args.run_dir, args.version), args.format, args.out)
+    print(describe_file(path))
+    return 0
+
+
 def cmd_report(args) -> int:
     from rapid.monitoring.report import write_report
 
@@ -338,7 +362,8 @@ def cmd_surgery(args) -> int:
 
 
 COMMANDS = {"train": cmd_train, "config": cmd_config, "eval": cmd_eval, "optimizer": cmd_role,
-            "rollout": cmd_role, "evaluator": cmd_role, "replay": cmd_replay, "report": cmd_report,
+            "rollout": cmd_role, "evaluator": cmd_role, "replay": cmd_replay, "export": cmd_export,
+            "report": cmd_report,
             "monitor": cmd_monitor, "league": cmd_league, "surgery": cmd_surgery}
 
 
