@@ -13,12 +13,13 @@ import pytest
 import torch
 
 from rapid.infra.distributed import Identity, abort_on_error, detect_identity, init_process_group, wait_until_pipe_read
+from rapid.infra.identity import LayoutError
 
 SCRIPTS = Path(__file__).parent / "mpi_scripts"
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 _LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
                   "PMIX_RANK", "MPI_LOCALNRANKS", "MPI_LOCALRANKID", "SLURM_PROCID", "SLURM_NTASKS",
-                  "RAPID_RANK", "RAPID_WORLD_SIZE")
+                  "RAPID_RANK", "RAPID_WORLD_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 
 def clean_env() -> dict[str, str]:
@@ -102,16 +103,32 @@ def test_identity_from_environment(monkeypatch):
     monkeypatch.setenv("SLURM_PROCID", "5")
     monkeypatch.setenv("SLURM_NTASKS", "8")
     monkeypatch.setenv("SLURM_LOCALID", "1")
-    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4(x2)")
+    monkeypatch.setenv("SLURM_NODEID", "1")
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "4(x2)")  # srun sets SLURM_NTASKS_PER_NODE only if asked to
     identity = detect_identity()
     assert (identity.rank, identity.size, identity.local_rank, identity.local_size) == (5, 8, 1, 4)
+    assert identity.launcher == "slurm"
     monkeypatch.setenv("RAPID_RANK", "2")  # rapid's own variables win over the scheduler's
     monkeypatch.setenv("RAPID_WORLD_SIZE", "3")
     identity = detect_identity()
-    assert (identity.rank, identity.size, identity.launcher) == (2, 3, "env")
+    assert (identity.rank, identity.size, identity.launcher) == (2, 3, "rapid")
     monkeypatch.setenv("RAPID_RANK", "3")
-    with pytest.raises(ValueError):
+    with pytest.raises(LayoutError, match="rapid says rank 3 of 3"):
         detect_identity()
+
+
+def test_mpich_variables_tell_what_mpi_tells():
+    """Without mpi4py, rapid reads MPICH's variables; under the real mpiexec they give what MPI itself gives."""
+    code = ("import os, socket; from rapid.infra.identity import detect_identity, identity_from_env\n"
+            "mpi, env = detect_identity(), identity_from_env(os.environ, socket.gethostname())\n"
+            "assert mpi.launcher == 'mpi' and env.launcher == 'mpich', (mpi, env)\n"
+            "assert (mpi.rank, mpi.size, mpi.local_rank, mpi.local_size) == "
+            "(env.rank, env.size, env.local_rank, env.local_size), (mpi, env)\n"
+            "print('OK', env.rank, env.size, env.local_rank, env.local_size)\n")
+    result = subprocess.run([str(MPIEXEC), "-n", "3", sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, env=clean_env())
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert sorted(result.stdout.split("\n")[:3]) == ["OK 0 3 0 3", "OK 1 3 1 3", "OK 2 3 2 3"], result.stdout
 
 
 def test_single_rank_collectives_are_no_ops():
