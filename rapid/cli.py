@@ -229,14 +229,15 @@ def cmd_role(args) -> int:
         from rapid.roles.startup import check_run_dir
 
         check_run_dir(cfg)
-        _, backend = pick_device(cfg, identity)  # refuses a node with more ranks than GPUs before any rendezvous
+        _, backend = pick_device(cfg, identity)  # refuses optimizer.device = cuda without CUDA before any rendezvous
         started = time.time()
-        if identity.size == 1:
+        if identity.size == 1 and not cfg.optimizer.group_for_one:
             code = run_optimizer(cfg, resume=args.resume, rank=identity)
         else:
             from rapid.infra.distributed import init_process_group
 
-            with init_process_group(identity, backend=backend) as ctx:
+            with init_process_group(identity, backend=backend, timeout=cfg.optimizer.collective_timeout_s,
+                                    group_for_one=cfg.optimizer.group_for_one) as ctx:
                 code = run_optimizer(cfg, resume=args.resume, rank=identity, ctx=ctx)
         if identity.rank == 0:
             from rapid.roles.optimizer_report import optimizer_summary
@@ -368,12 +369,13 @@ COMMANDS = {"train": cmd_train, "config": cmd_config, "eval": cmd_eval, "optimiz
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rapid.infra.identity import LayoutError
     from rapid.infra.store import StoreError
 
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except UsageError as e:
+    except (UsageError, LayoutError) as e:  # LayoutError: a launcher's variables or devices that cannot run
         print(f"rapid: error: {e}", file=sys.stderr)
         return 2
     except (StoreError, FormatError) as e:

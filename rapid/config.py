@@ -29,6 +29,7 @@ import tomli_w
 from rapid.config_schema import convert, env_options
 from rapid.config_validate import validate
 from rapid.errors import UsageError
+from rapid.infra.dist_context import DEFAULT_TIMEOUT_S
 from rapid.opt.config import PPOConfig
 
 
@@ -169,6 +170,13 @@ class OptimizerConfig:
     decode_workers: int = -1
     """Processes that decode and validate experience objects (-1: one per eight cores, 1 to 8; 0: in the
     loader thread, deterministic, for tests)."""
+    collective_timeout_s: float = DEFAULT_TIMEOUT_S
+    """Seconds a collective of the optimizer ranks (an all-reduce, a broadcast, their agreement) waits for the
+    slowest rank before the job fails (NCCL's watchdog ends it); a rank waits for a batch at most a quarter of
+    it (5 s at most) before it checks in with the others."""
+    group_for_one: bool = False
+    """Form a torch.distributed process group even for a single rank, so its collectives run for real (NCCL on
+    one GPU) as in a job of many ranks: for the cuda tests and to check a GPU host before a cluster run."""
 
 
 @dataclass

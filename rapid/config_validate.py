@@ -81,6 +81,7 @@ def validate(cfg: Config) -> list[str]:
     if o.precision not in ("fp32", "bf16", "auto"):
         e.append(f"optimizer.precision must be 'fp32', 'bf16' or 'auto' (got {o.precision!r})")
     _positive(e, "optimizer.torch_threads", o.torch_threads)
+    _positive(e, "optimizer.collective_timeout_s", o.collective_timeout_s)
     lg = cfg.league
     _positive(e, "league.snapshot_every", lg.snapshot_every, allow_zero=True)
     _unit(e, "league.latest_prob", lg.latest_prob)
