@@ -13,6 +13,7 @@ import pytest
 import torch.distributed as dist
 
 import rapid.infra.identity as identity_module
+from rapid.cli import main
 from rapid.infra.distributed import Identity, LayoutError, Placement, check_placements, placement_problem
 from rapid.infra.distributed import choose_device_and_backend as device_for
 from rapid.infra.identity import detect_identity, identity_from_env, tasks_per_node
@@ -163,3 +164,10 @@ def test_the_placement_check_stops_every_rank_or_none_over_a_real_store():
     clash = [*BOUND[:3], Placement(3, "gpu1", "nccl", "cuda:0", BOUND[1].gpu)]
     outcomes = meet(clash)
     assert len(set(outcomes)) == 1 and "ranks 1 (gpu1, cuda:0) and 3 (gpu1, cuda:0) would share" in outcomes[0]
+
+
+def test_a_launcher_that_contradicts_itself_stops_the_role_in_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "one")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["optimizer"]) == 2
+    assert capsys.readouterr().err.splitlines() == ["rapid: error: RANK='one' is not a whole number"]
