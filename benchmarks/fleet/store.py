@@ -1,30 +1,37 @@
 """Request-counting stores for the scale model.
 
 :class:`ModelStore` is an in-memory :class:`rapid.infra.store.Store` that behaves like S3 where the data
-plane can tell: LIST answers 1,000 keys a page (each page one request, ``start_after`` honoured), an object
-becomes visible only when its PUT completes, and past ~3,500 writes/s or ~5,500 reads/s on one prefix (the
-key up to its last '/', as S3 partitions) a request is answered 503 SlowDown. Like ``S3Store`` (botocore's
-``standard`` retry mode, 5 attempts) it retries a SlowDown with jittered exponential backoff and raises
-``StoreError("SlowDown …")`` only when every attempt was refused. Every request charges modelled latency
-(a per-request time plus bytes over a per-stream bandwidth) to the simulated clock of the actor that made it.
+plane can tell (the rules are in ``s3rules.py``):
 
-:class:`MeteredS3` wraps a real ``S3Store`` (moto_server on loopback) for the calibration run: requests are
-counted from botocore's own events (each LIST page, each HEAD), and the same latency model is charged, so
-both runs follow the same simulated timeline and differ only in what the stores answer.
+- LIST answers 1,000 keys a page (each page one request, ``start_after`` honoured);
+- a PUT or DELETE takes effect when it completes: until then readers see the object as it was (an
+  overwritten key serves its old bytes; a new key is absent);
+- latency is drawn per request: lognormal around the op's mean with a tail (:class:`Latency`), plus the
+  object's modelled bytes over a per-stream bandwidth, plus the keys of a LIST page;
+- 503 SlowDown past a partition's rate (each prefix starts as one partition of 3,500 writes/s and 5,500
+  reads/s and splits under sustained load), 500 InternalError and connection resets at set rates, all
+  retried as botocore's standard mode does; ``StoreError`` only once the retries are spent;
+- faults on call: :meth:`ModelStore.hang_gets` and :meth:`ModelStore.fail_puts`.
 
-Both feed a :class:`Meter`: requests and bytes per key family and type, split at half time (growth), the
-GETs of the hottest key, and a ledger of experience objects (when each became visible, which actors loaded
-it) from which the fleet computes discovery delay and "never loaded".
+Every request charges its latency to the simulated clock of the actor that made it; draws come from seeds.
+
+:class:`MeteredS3` wraps a real ``S3Store`` (moto_server on loopback): requests counted from botocore's own
+events, each call charging the wall-clock time it took (moto's pace, no modelled latency) plus the transfer
+time the objects' size scaling adds.
+
+Both feed a :class:`Meter`: requests and bytes per key family and type, split at half time (growth), error
+answers and errors raised, the time requests took, the GETs of the hottest key, and a ledger of experience
+objects (when each became visible, which actors loaded it) for discovery delay and "never loaded".
 """
 
 from __future__ import annotations
 
-import bisect
 import collections
+import contextlib
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rapid.infra.store import (
     DEFAULT_MAX_BYTES,
@@ -37,6 +44,7 @@ from rapid.infra.store import (
 )
 
 from .clock import SimClock
+from .s3rules import READ_LIMIT, THROTTLE, WRITE_LIMIT, Objects, Partitions, Retry
 
 FAMILIES = ("experience", "params", "params/LATEST", "league/results", "league/pool", "league/snapshots",
             "checkpoints", "loader", "other")
@@ -62,28 +70,48 @@ def family(key: str) -> str:
 
 @dataclass
 class Latency:
-    """Seconds a request takes: ``base[op]`` plus its bytes over ``bandwidth`` (bytes/s of one stream).
-    Bytes are the object's modelled size: ``len(data) * size_scale[family]`` (objects are made small so
-    thousands of workers fit in memory; the latency and the byte rates are those of the real size)."""
+    """Seconds a request takes: a draw for its op plus its bytes over ``bandwidth`` (bytes/s of one stream)
+    plus, for a LIST page, ``per_key`` seconds a key it returns.
+
+    The draw is lognormal with mean ``base[op]`` and shape ``sigma[op]`` (p99 = e^(2.33 σ) × the median:
+    σ = 1 gives 10×; no σ: always the mean). Bytes are the object's modelled size: ``len(data) *
+    size_scale[family]`` (objects are made small so thousands of workers fit in memory; the latency and the
+    byte rates are those of the real size)."""
 
     base: dict
     bandwidth: float
     size_scale: dict
+    sigma: dict = field(default_factory=dict)
+    per_key: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self):
+        self._rng = random.Random(self.seed)
 
     def bytes(self, key: str, n: int) -> float:
         return n * self.size_scale.get(family(key), 1.0)
 
+    def draw(self, op: str) -> float:
+        mean, sigma = self.base[op], self.sigma.get(op, 0.0)
+        if not sigma or mean <= 0:
+            return mean
+        return self._rng.lognormvariate(math.log(mean) - sigma * sigma / 2, sigma)
+
     def of(self, op: str, key: str = "", n: int = 0) -> float:
-        return self.base[op] + self.bytes(key, n) / self.bandwidth
+        return self.draw(op) + self.bytes(key, n) / self.bandwidth
 
 
 class Meter:
     def __init__(self, clock: SimClock, latency: Latency, half_at: float, end_at: float):
         self.clock, self.latency, self.half_at, self.end_at = clock, latency, half_at, end_at
-        self.requests = collections.Counter()  # (family, op, half) → requests
+        self.requests = collections.Counter()  # (family, op, half) → requests (every attempt: S3 bills them)
         self.bytes = collections.Counter()  # (family, op, half) → modelled bytes
+        self.took = collections.Counter()  # (family, op) → seconds the successful requests took
+        self.done = collections.Counter()  # (family, op) → successful requests
         self.throttled = collections.Counter()  # family → SlowDown answers
         self.failed = collections.Counter()  # family → SlowDown raised to the caller after every retry
+        self.errors = collections.Counter()  # (family, code) → error answers: SlowDown, InternalError, reset
+        self.raised = collections.Counter()  # (family, code) → StoreError raised, by the last answer's code
         self.gets_by_key = collections.Counter()
         self.visible_at: dict[str, float] = {}  # experience key → when its PUT completed
         self.loads: dict[str, list] = collections.defaultdict(list)  # experience key → [(actor, time)]
@@ -100,14 +128,22 @@ class Meter:
     def half(self) -> int:
         return int(self.clock.t() >= self.half_at)
 
+    def counting(self) -> bool:
+        return not self.muted and self.clock.t() < self.end_at  # the drain after the run is not in the rates
+
     def count(self, op: str, key: str, nbytes: int = 0, pages: int = 1) -> None:
-        if self.muted or self.clock.t() >= self.end_at:  # the drain after the run is not part of the rates
+        if not self.counting():
             return
         fam, h = family(key), self.half()
         self.requests[fam, op, h] += pages
         self.bytes[fam, op, h] += self.latency.bytes(key, nbytes)
         if op == "GET":
             self.gets_by_key[key] += 1
+
+    def took_s(self, op: str, key: str, seconds: float) -> None:
+        if self.counting():
+            self.took[family(key), op] += seconds
+            self.done[family(key), op] += 1
 
     def put_done(self, key: str) -> None:
         if key.startswith("experience/") and key.endswith(".rxp"):
@@ -119,149 +155,169 @@ class Meter:
 
 
 class ModelStore(Store):
-    def __init__(self, meter: Meter, write_limit: float = 3500.0, read_limit: float = 5500.0,
-                 attempts: int = 5, seed: int = 0):
+    def __init__(self, meter: Meter, write_limit: float = WRITE_LIMIT, read_limit: float = READ_LIMIT,
+                 attempts: int = 5, seed: int = 0, error_rate: float = 0.0, reset_rate: float = 0.0,
+                 split_after_s: float = 0.0):
         self.url, self.meter, self.clock = "model://fleet", meter, meter.clock
-        self.write_limit, self.read_limit, self.attempts = write_limit, read_limit, attempts
+        self.error_rate, self.reset_rate = error_rate, reset_rate
         self.rng = random.Random(seed)
-        self._data: dict[str, bytes] = {}
-        self._keys: list[str] = []  # sorted: LIST is a bisect and a slice
-        self._hidden: dict[str, float] = {}  # key → when its PUT completes (invisible until then)
-        # (prefix, read|write, second) → requests admitted: actors' steps interleave seconds, so every second
-        # keeps its own count
-        self._window: collections.Counter = collections.Counter()
-        self._next_prune = 0
+        self.partitions = Partitions(write_limit, read_limit, split_after_s)
+        self.retry = Retry(attempts, self.rng)
+        self.objects = Objects()
+        self._hangs: dict[str, list] = {}  # key → [extra seconds, GETs left]
+        self._put_outages: list[tuple[str, float, float]] = []  # (prefix, start, end): PUTs answer 500
 
-    # -- the S3 behaviour -----------------------------------------------------------------------------
+    # -- faults ---------------------------------------------------------------------------------------------
+
+    def hang_gets(self, key: str, seconds: float, count: int = 1) -> None:
+        """The next ``count`` GETs of ``key`` each take ``seconds`` longer (a read stuck until its timeout)."""
+        self._hangs[key] = [seconds, count]
+
+    def fail_puts(self, prefix: str, start_s: float, end_s: float) -> None:
+        """Every PUT attempt of a key under ``prefix`` from simulated second ``start_s`` until ``end_s``
+        answers 500 InternalError (retried as any 500 is)."""
+        self._put_outages.append((prefix, start_s, end_s))
+
+    # -- the S3 behaviour -----------------------------------------------------------------------------------
+
+    def _answer(self, op: str, key: str) -> str | None:
+        """The error this attempt is answered with, or None: it is served."""
+        t = self.clock.t()
+        if op == "PUT" and any(key.startswith(p) and a <= t < b for p, a, b in self._put_outages):
+            return "InternalError"
+        if not self.partitions.admit("write" if op in WRITES else "read", key, math.floor(t)):
+            return THROTTLE
+        draw = self.rng.random()
+        if draw < self.error_rate:
+            return "InternalError"
+        if draw < self.error_rate + self.reset_rate:
+            return "reset"
+        return None
 
     def _admit(self, op: str, key: str) -> None:
-        """One request, retried like botocore through SlowDown; charges its latency, or raises."""
-        prefix = key.rsplit("/", 1)[0] if "/" in key else ""
-        kind = "write" if op in WRITES else "read"
-        limit = self.write_limit if kind == "write" else self.read_limit
-        now = math.floor(self.clock.t())
-        if now >= self._next_prune:  # seconds long past: steps run within seconds of each other
-            for old in [k for k in self._window if k[2] < now - 60]:
-                del self._window[old]
-            self._next_prune = now + 60
-        for attempt in range(1, self.attempts + 1):
-            slot = (prefix, kind, math.floor(self.clock.t()))
-            if self._window[slot] < limit:
-                self._window[slot] += 1
+        """One request, retried like botocore's standard mode; each refused attempt is counted and charged
+        its latency, then the backoff; raises once the attempts or the client's retry quota are spent."""
+        client, taken, fam = self.clock.actor, 0, family(key)
+        for attempt in range(1, self.retry.attempts + 1):
+            code = self._answer(op, key)
+            if code is None:
+                self.retry.succeeded(client, taken)
                 return
-            self.meter.throttled[family(key)] += 1
             self.meter.count(op, key)  # a refused request is still a request (and billed)
-            if attempt < self.attempts:
-                self.clock.charge(self.rng.random() * min(20.0, 2.0 ** attempt))  # botocore standard backoff
-        self.meter.failed[family(key)] += 1
-        raise StoreError(f"SlowDown: {op} {key!r} refused {self.attempts} times (> {limit:.0f} {kind}s/s on "
-                         f"prefix {prefix!r})")
+            self.meter.errors[fam, code] += 1
+            if code == THROTTLE:
+                self.meter.throttled[fam] += 1
+            self.clock.charge(self.meter.latency.draw(op))
+            taken = self.retry.take(client, code) if attempt < self.retry.attempts else 0
+            if not taken:
+                break
+            self.clock.charge(self.retry.wait(attempt, code))
+        self.meter.raised[fam, code] += 1
+        if code == THROTTLE:
+            self.meter.failed[fam] += 1
+        raise StoreError(f"{code}: {op} {key!r} failed after {attempt} attempt(s) (retry quota left "
+                         f"{self.retry.quota(client)})")
 
-    def _visible(self, key: str) -> bool:
-        due = self._hidden.get(key)
-        if due is None:
-            return key in self._data
-        if due <= self.clock.t():
-            del self._hidden[key]
-            return True
-        return False
+    def _served(self, op: str, key: str, took: float, nbytes: int = 0) -> None:
+        self.meter.count(op, key, nbytes)
+        self.clock.charge(took)
+        self.meter.took_s(op, key, took)
 
     def _request(self, op: str, key: str, nbytes: int = 0) -> None:
         self._admit(op, key)
-        self.meter.count(op, key, nbytes)
-        self.clock.charge(self.meter.latency.of(op, key, nbytes) + self.meter.extra(op, key))
+        self._served(op, key, self.meter.latency.of(op, key, nbytes) + self.meter.extra(op, key), nbytes)
 
-    # -- the Store interface ----------------------------------------------------------------------------
+    def _hang(self, key: str) -> float:
+        hang = self._hangs.get(key)
+        if hang is None:
+            return 0.0
+        hang[1] -= 1
+        if not hang[1]:
+            del self._hangs[key]
+        return hang[0]
 
-    def _write(self, key: str, data: bytes) -> None:
-        if key not in self._data:
-            bisect.insort(self._keys, key)
-        self._data[key] = bytes(data)
-        self._hidden[key] = self.clock.t()  # called after the request's latency: visible once it completes
-
-    def put(self, key: str, data: bytes) -> None:
+    @contextlib.contextmanager
+    def _call(self):
+        """One call of the interface: what completed by the scheduler's time settles first; the CPU it
+        spends is the model's own, not rapid's."""
         t0 = time.thread_time()
-        validate_key(key)
-        self._request("PUT", key, len(data))
-        self._write(key, data)
-        self.meter.put_done(key)
-        self.meter.store_cpu += time.thread_time() - t0
-
-    def put_if_absent(self, key: str, data: bytes) -> bool:
-        t0 = time.thread_time()
-        validate_key(key)
-        self._request("PUT", key, len(data))
+        self.objects.settle(self.clock.now)
         try:
-            if key in self._data:  # S3 answers 412 for an object that exists, even one still being written
-                return False
-            self._write(key, data)
-            self.meter.put_done(key)
-            return True
+            yield
         finally:
             self.meter.store_cpu += time.thread_time() - t0
 
-    def get(self, key: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
-        t0 = time.thread_time()
+    # -- the Store interface --------------------------------------------------------------------------------
+
+    def put(self, key: str, data: bytes) -> None:
         validate_key(key)
-        try:
+        with self._call():
+            self._request("PUT", key, len(data))
+            self.objects.write(key, bytes(data), self.clock.t())  # the PUT completes now
+            self.meter.put_done(key)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        validate_key(key)
+        with self._call():
+            self._request("PUT", key, len(data))
+            if self.objects.newest(key) is not None:  # S3 answers 412 (409 while another write of it is in flight)
+                return False
+            self.objects.write(key, bytes(data), self.clock.t())
+            self.meter.put_done(key)
+            return True
+
+    def get(self, key: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+        validate_key(key)
+        with self._call():
             self._admit("GET", key)
-            data = self._data.get(key) if self._visible(key) else None
+            data = self.objects.read(key, self.clock.t())
             n = 0 if data is None or len(data) > max_bytes else len(data)
-            self.meter.count("GET", key, n)
-            self.clock.charge(self.meter.latency.of("GET", key, n))
+            self._served("GET", key, self.meter.latency.of("GET", key, n) + self._hang(key), n)
             if data is None:
                 raise KeyNotFound(key)
             if len(data) > max_bytes:
                 raise ObjectTooLarge(f"{key} is {len(data)} bytes, more than the {max_bytes} allowed")
             self.meter.got(key)
             return data
-        finally:
-            self.meter.store_cpu += time.thread_time() - t0
 
     def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
-        t0 = time.thread_time()
         validate_prefix(prefix)
-        lo = bisect.bisect_left(self._keys, prefix)
-        if start_after is not None:
-            lo = max(lo, bisect.bisect_right(self._keys, start_after))
-        hi = bisect.bisect_left(self._keys, prefix[:-1] + chr(ord(prefix[-1]) + 1)) if prefix else len(self._keys)
-        keys = self._keys[lo:hi]
-        now = self.clock.t()
-        for key in [k for k, due in self._hidden.items() if due <= now]:
-            del self._hidden[key]
-        if self._hidden:
-            keys = [k for k in keys if k not in self._hidden]
-        pages = max(1, math.ceil(len(keys) / PAGE))
-        for _ in range(pages):  # each page is a request: admitted, counted and timed on its own
-            self._request("LIST", prefix or "other")
-        self.meter.store_cpu += time.thread_time() - t0
-        return keys
+        with self._call():
+            keys = self.objects.keys(prefix, start_after, self.clock.t())
+            latency, at = self.meter.latency, prefix or "other"
+            for page in range(max(1, math.ceil(len(keys) / PAGE))):  # each page a request: admitted and timed
+                self._admit("LIST", at)
+                self._served("LIST", at, latency.draw("LIST") + latency.per_key * min(PAGE, len(keys) - page * PAGE))
+            return keys
 
     def delete(self, key: str) -> None:
-        t0 = time.thread_time()
         validate_key(key)
-        self._request("DELETE", key)
-        if self._data.pop(key, None) is not None:
-            del self._keys[bisect.bisect_left(self._keys, key)]
-            self._hidden.pop(key, None)
-        self.meter.store_cpu += time.thread_time() - t0
+        with self._call():
+            self._request("DELETE", key)
+            if self.objects.newest(key) is not None:
+                self.objects.write(key, None, self.clock.t())
 
     def exists(self, key: str) -> bool:
         validate_key(key)
-        self._request("HEAD", key)
-        return self._visible(key)
+        with self._call():
+            self._admit("HEAD", key)
+            found = self.objects.read(key, self.clock.t()) is not None
+            self._served("HEAD", key, self.meter.latency.of("HEAD", key))
+            return found
 
     def peek(self, key: str) -> bytes | None:
-        """The object's bytes for the model's own figures: no request, no latency."""
-        return self._data.get(key)
+        """The object's newest bytes for the model's own figures: no request, no latency."""
+        return self.objects.newest(key)
 
     def live(self) -> dict[str, tuple[int, float]]:
-        """Family → (objects, modelled bytes) stored now."""
+        """Family → (objects, modelled bytes) stored now (the newest version of each key)."""
         out: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
-        for key, data in self._data.items():
-            entry = out[family(key)]
-            entry[0] += 1
-            entry[1] += self.meter.latency.bytes(key, len(data))
+        for key in self.objects.all_keys():
+            data = self.objects.newest(key)
+            if data is not None:
+                entry = out[family(key)]
+                entry[0] += 1
+                entry[1] += self.meter.latency.bytes(key, len(data))
         return {k: (v[0], v[1]) for k, v in out.items()}
 
 
@@ -271,37 +327,49 @@ _S3_OPS = {"PutObject": "PUT", "GetObject": "GET", "ListObjectsV2": "LIST", "Del
 
 class MeteredS3(Store):
     """A real S3Store, its requests counted from botocore's events (one per API call: each LIST page, each
-    HEAD), the model's latency charged to the simulated clock, bytes and the experience ledger kept."""
+    HEAD), bytes and the experience ledger kept. Each call charges the simulated clock the wall-clock time
+    it took (moto's pace and botocore's, as the caller waits for them) plus the transfer time the size
+    scaling adds to the real bytes; the model's latency is never charged here."""
 
     def __init__(self, inner, meter: Meter):
         self.inner, self.meter, self.url = inner, meter, inner.url
         meter.client = "botocore"
         self.root = f"{inner.prefix}/" if inner.prefix else ""
+        self._started: tuple[str, str, float] | None = None
         # S3Store keeps its client private; a benchmark may look inside to count what goes on the wire.
-        inner._client.meta.events.register("provide-client-params.s3", self._on_call)
+        events = inner._client.meta.events
+        events.register("provide-client-params.s3", self._on_call)
+        events.register("after-call.s3", self._on_done)
 
     def _on_call(self, params, model, **_):
         op = _S3_OPS.get(model.name)
-        if op is None:
+        if op is None or self.meter.muted:
             return
         key = str(params.get("Key", params.get("Prefix", "")))[len(self.root):] or "other"
-        if self.meter.muted:
-            return
         self.meter.count(op, key)
-        self.meter.clock.charge(self.meter.latency.base[op] + self.meter.extra(op, key))
+        self.meter.clock.charge(self.meter.extra(op, key))
+        self._started = (op, key, time.perf_counter())
+
+    def _on_done(self, **_):
+        if self._started is not None:
+            op, key, t0 = self._started
+            self.meter.took_s(op, key, time.perf_counter() - t0)
+            self._started = None
 
     def _bytes(self, key: str, n: int) -> None:
         self.meter.bytes[family(key), "GET" if n < 0 else "PUT", self.meter.half()] += \
             self.meter.latency.bytes(key, abs(n))
-        self.meter.clock.charge(self.meter.latency.bytes(key, abs(n)) / self.meter.latency.bandwidth)
+        self.meter.clock.charge((self.meter.latency.bytes(key, abs(n)) - abs(n)) / self.meter.latency.bandwidth)
 
     def _timed(self, fn, *args):
-        """Run the S3 call, its CPU (botocore's) kept apart from rapid's."""
-        t0 = time.thread_time()
+        """Run the S3 call: its wall time charged to the simulated clock, its CPU (botocore's) kept apart
+        from rapid's."""
+        t0, wall0 = time.thread_time(), time.perf_counter()
         try:
             return fn(*args)
         finally:
             self.meter.store_cpu += time.thread_time() - t0
+            self.meter.clock.charge(time.perf_counter() - wall0)
 
     def put(self, key, data):
         self._timed(self.inner.put, key, data)
