@@ -257,6 +257,14 @@ class MetricsConfig:
     """First Prometheus port; a process serves on base_port + local rank (0: any free port)."""
     addr: str = "127.0.0.1"
     """Address the /metrics servers listen on (0.0.0.0: reachable from other machines)."""
+    tensorboard: bool = True
+    """Write TensorBoard event files under RUN_DIR/logs/tb/: optimizer rank 0's losses, KL, entropy, throughput,
+    staleness and reuse by update, the evaluator's win rates and ratings by version (`tensorboard --logdir
+    RUN_DIR/logs/tb`)."""
+    wandb: str = ""
+    """Log the same curves to Weights & Biases: 'offline' (files under RUN_DIR/logs/wandb/; `wandb sync` them
+    later) or 'online' (after `wandb login`); needs `pip install 'rapid[wandb]'`. Project: $WANDB_PROJECT,
+    else 'rapid'; one W&B run per role, grouped by the run. Empty: off."""
 
 
 @dataclass

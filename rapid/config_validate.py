@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from typing import TYPE_CHECKING
 
@@ -107,4 +108,8 @@ def validate(cfg: Config) -> list[str]:
     _positive(e, "store.retention_s", cfg.store.retention_s, allow_zero=True)
     if not 0 <= cfg.metrics.base_port < 65536:
         e.append(f"metrics.base_port must be within [0, 65535] (got {cfg.metrics.base_port})")
+    if cfg.metrics.wandb not in ("", "offline", "online"):
+        e.append(f"metrics.wandb must be '', 'offline' or 'online' (got {cfg.metrics.wandb!r})")
+    elif cfg.metrics.wandb and importlib.util.find_spec("wandb") is None:
+        e.append(f"metrics.wandb = {cfg.metrics.wandb!r} needs the wandb package: pip install 'rapid[wandb]'")
     return e

@@ -15,6 +15,7 @@ from rapid.errors import FormatError
 from rapid.infra.store import StoreError
 from rapid.league import League, PoolConflict, rate_games, rating_of, version_id
 from rapid.matches import MatchScore, PolicyPlayer, batch_size, load_policy, play_match
+from rapid.monitoring.curves import open_curves
 from rapid.monitoring.metrics import EvaluatorMetrics
 from rapid.param_store import ParameterStore
 from rapid.roles.startup import JsonlLog, StopFlag, build_policy, open_run_store, setup_logging, start_metrics
@@ -36,6 +37,7 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
     pool_env = make_env(cfg.env.name, num_games=batch_size(pool_games), seed=cfg.run.seed + 99992,
                         options=cfg.env.options) if pool_games else None
     out = JsonlLog(f"{cfg.derive().run_dir}/logs/eval.jsonl")
+    curves = open_curves(cfg.derive().run_dir, "evaluator", cfg.run.name, cfg.metrics.tensorboard, cfg.metrics.wandb)
     last, rounds = -1, 0
     watch, version_at, asked = RunWatch(store, quiet_s(cfg)), time.time(), False
     while not stop:
@@ -71,6 +73,11 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
                            "losses": res.losses, "draws": res.draws, "win_rate": res.win_rate, **rating})
             if rating:
                 metrics.rating(version_id(version), rating["rating"], rating["rating_sigma"])
+            if curves is not None:
+                curves.scalars({f"eval/win_rate_vs_{cfg.eval.opponent}": result.win_rate,
+                                "eval/mean_length": result.mean_length,
+                                **({"eval/win_rate_vs_pool": pool_result[1].win_rate} if pool_result else {}),
+                                **{f"eval/{k}": v for k, v in rating.items()}}, step=version)
             last, rounds, version_at = version, rounds + 1, time.time()
             round_s = version_at - started
         gone = watch.optimizer_gone(version_at, time.time(), force=not asked)  # at start, then when quiet
@@ -83,6 +90,8 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
     if pool_env is not None:
         pool_env.close()
     out.close()
+    if curves is not None:
+        curves.close()
     metrics.close()
     return 0
 

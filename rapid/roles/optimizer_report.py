@@ -47,6 +47,32 @@ log = logging.getLogger("rapid.optimizer")
 
 STALENESS_BINS = 64
 
+CURVES = {
+    "loss/policy": "policy_loss", "loss/value": "value_loss", "loss/entropy": "entropy", "loss/approx_kl": "approx_kl",
+    "loss/clip_fraction": "clip_fraction", "loss/grad_norm": "grad_norm",
+    "loss/explained_variance": "explained_variance", "schedule/lr": "lr", "schedule/entropy_coef": "entropy_coef",
+    "throughput/samples_per_s": "samples_per_s", "throughput/update_s": "update_s", "throughput/wait_s": "wait_s",
+    "balance/staleness_mean": "staleness_mean", "balance/staleness_p99": "staleness_p99",
+    "balance/sample_reuse": "sample_reuse", "balance/batch": "balance_batch", "samples/received": "samples_received",
+    "samples/dropped_stale": "samples_dropped_stale", "games/episode_return": "episode_return",
+    "games/episode_length": "episode_length", "games/win_rate_latest": "win_rate_latest",
+    "games/win_rate_pool": "win_rate_pool", "games/win_rate_bots": "win_rate_bots", "version": "version"}
+"""TensorBoard / W&B tag → field of the optimizer's JSON-lines record (the fields a record has)."""
+
+
+def curve_values(record: dict, previous: dict | None) -> dict[str, float]:
+    """The curves of one optimizer record; agent-steps per second over the time since the previous record.
+
+    >>> curve_values({"update": 2, "policy_loss": 0.1, "env_steps": 3000, "time": 12.0},
+    ...              {"env_steps": 1000, "time": 10.0})
+    {'loss/policy': 0.1, 'throughput/env_steps_per_s': 1000.0}
+    """
+    values = {tag: record[key] for tag, key in CURVES.items() if key in record}
+    if previous and record["time"] > previous["time"]:
+        values["throughput/env_steps_per_s"] = ((record["env_steps"] - previous["env_steps"])
+                                                / (record["time"] - previous["time"]))
+    return values
+
 
 def summarize_episodes(episodes: list[dict]) -> dict[str, float]:
     """Win rates of the learner by opponent kind, and mean game length/return."""
@@ -97,9 +123,13 @@ def quantile_of_counts(counts: np.ndarray, q: float) -> float:
 
 
 class OptimizerReport:
-    def __init__(self, metrics, oplog, buffer, loader, skipped=lambda: 0):
+    """``curves`` (rank 0: ``monitoring.curves.open_curves``) get the record's figures as TensorBoard/W&B
+    curves by update."""
+
+    def __init__(self, metrics, oplog, buffer, loader, skipped=lambda: 0, curves=None):
         self.metrics, self.oplog, self.buffer, self.loader = metrics, oplog, buffer, loader
-        self.skipped = skipped
+        self.skipped, self.curves = skipped, curves
+        self._last_record: dict | None = None
         self.started = time.time()
         self.failures = 0
         self._staleness = np.zeros(STALENESS_BINS, np.int64)
@@ -138,6 +168,8 @@ class OptimizerReport:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=30)
+        if self.curves is not None:
+            self.curves.close()
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
@@ -179,10 +211,10 @@ class OptimizerReport:
                 m.win_rate(kind, episodes[f"win_rate_{kind}"])
         if "episode_return" in episodes:
             m.episode(episodes["episode_return"], int(episodes["episode_length"]))
-        if self.oplog is None:
+        if self.oplog is None and self.curves is None:
             return
         elapsed = now - self.started
-        self.oplog.write({
+        record = {
             "update": updates, "version": version, **stats, "wait_s": wait_s,
             "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
             "staleness_p50": quantile_of_counts(self._staleness, 0.5),
@@ -193,4 +225,10 @@ class OptimizerReport:
             "env_steps": ls.env_steps, "bad_objects": ls.bad_objects, "loader_errors": ls.errors,
             "skipped_updates": self.skipped(), "failed_updates": self.failures, "elapsed_s": elapsed,
             "samples_per_s": ls.samples / max(elapsed, 1e-6),
-            **{f"balance_{k}": v for k, v in balance.items()}, **episodes})
+            **{f"balance_{k}": v for k, v in balance.items()}, **episodes}
+        if self.oplog is not None:
+            self.oplog.write(record)
+        if self.curves is not None:
+            record["time"] = now
+            self.curves.scalars(curve_values(record, self._last_record), step=updates)
+            self._last_record = record
