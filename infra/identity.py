@@ -11,9 +11,9 @@ found first (docs/cluster.md "Launchers" lists what it reads from each):
 3. An MPI launcher (MPICH's Hydra, Open MPI's mpirun, a Kubernetes MPIJob's launcher, ``srun --mpi=pmi2``):
    through mpi4py, which also forms the local communicator; without mpi4py, Open MPI's ``OMPI_COMM_WORLD_*``
    or MPICH's ``PMI_RANK``/``PMI_SIZE``/``MPI_LOCALRANKID``/``MPI_LOCALNRANKS``.
-4. Slurm's srun: ``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID``, and the local size from
-   ``SLURM_STEP_TASKS_PER_NODE`` (else ``SLURM_TASKS_PER_NODE``) at ``SLURM_NODEID``. ``SLURM_NTASKS_PER_NODE``
-   is not read: srun sets it only with ``--ntasks-per-node``.
+4. Slurm's srun: ``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID``, and the local size from ``SLURM_GTIDS``
+   (the node's tasks), else from ``SLURM_STEP_TASKS_PER_NODE`` (or ``SLURM_TASKS_PER_NODE``) at
+   ``SLURM_NODEID``. ``SLURM_NTASKS_PER_NODE`` is not read: srun sets it only with ``--ntasks-per-node``.
 
 Usage::
 
@@ -81,11 +81,13 @@ def tasks_per_node(value: str) -> list[int]:
     return counts
 
 
-def _int(env: Mapping[str, str], name: str) -> int:
+def _int(env: Mapping[str, str], name: str, value: str | None = None) -> int:
+    """``env[name]`` (or ``value``, a part of it) as a whole number."""
     try:
-        return int(env[name])
+        return int(env[name] if value is None else value)
     except ValueError:
-        raise LayoutError(f"{name}={env[name]!r} is not a whole number") from None
+        what = "a whole number" if value is None else "a list of whole numbers"
+        raise LayoutError(f"{name}={env[name]!r} is not {what}") from None
 
 
 def _named(rank: str, size: str, local_rank: str, local_size: str) -> Callable[[Mapping[str, str]], Any]:
@@ -111,14 +113,23 @@ def _mpi_env(rank: str, size: str, local_rank: str, local_size: str) -> Callable
 def _slurm(env: Mapping[str, str]) -> tuple[int, int, int, int] | None:
     if not all(n in env for n in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")):
         return None
+    rank, size, local_rank = _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS"), _int(env, "SLURM_LOCALID")
+    if "SLURM_GTIDS" in env:
+        # The global ranks of this node's tasks: exact, in a heterogeneous step too, whose SLURM_NODEID follows
+        # the components while SLURM_TASKS_PER_NODE follows the sorted node list.
+        on_node = [_int(env, "SLURM_GTIDS", t) for t in env["SLURM_GTIDS"].split(",")]
+        if rank not in on_node:
+            raise LayoutError(f"SLURM_PROCID={rank} is not among this node's SLURM_GTIDS={env['SLURM_GTIDS']!r}")
+        return rank, size, local_rank, len(on_node)
     per_node_var = "SLURM_STEP_TASKS_PER_NODE" if "SLURM_STEP_TASKS_PER_NODE" in env else "SLURM_TASKS_PER_NODE"
     if per_node_var not in env or "SLURM_NODEID" not in env:
-        raise LayoutError("SLURM_PROCID is set without SLURM_TASKS_PER_NODE and SLURM_NODEID: start the ranks "
-                          "with srun, or set RAPID_RANK, RAPID_WORLD_SIZE, RAPID_LOCAL_RANK, RAPID_LOCAL_WORLD_SIZE")
+        raise LayoutError("SLURM_PROCID is set without SLURM_GTIDS or SLURM_TASKS_PER_NODE and SLURM_NODEID: start "
+                          "the ranks with srun, or set RAPID_RANK, RAPID_WORLD_SIZE, RAPID_LOCAL_RANK, "
+                          "RAPID_LOCAL_WORLD_SIZE")
     counts, node = tasks_per_node(env[per_node_var]), _int(env, "SLURM_NODEID")
     if not 0 <= node < len(counts):
         raise LayoutError(f"SLURM_NODEID={node} but {per_node_var}={env[per_node_var]!r} names {len(counts)} node(s)")
-    return _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS"), _int(env, "SLURM_LOCALID"), counts[node]
+    return rank, size, local_rank, counts[node]
 
 
 #: (launcher, reader) in order of preference; see the module's docstring for why this order.

@@ -1,8 +1,9 @@
 """Every launcher's environment, injected: the identity rapid reads from it (rank, world size, local rank, local
 size) and the device a rank then takes; the check that refuses two ranks on one GPU by their UUIDs, over a real
-torch key-value store. The environments are what each launcher sets (MPICH's and torchrun's as captured from
-the real ones on this machine; the others from their documentation), with the variables that must not be
-read (SLURM_NTASKS_PER_NODE) included where the launcher sets them."""
+torch key-value store. The environments are what each launcher sets: MPICH's, torchrun's and srun's (one node,
+and a heterogeneous step over two) as captured from the real ones on this machine (Debian's Slurm 22.05 for
+srun), the multi-node and Open MPI ones from their documentation, with the variables that must not be read
+(SLURM_NTASKS_PER_NODE) included where the launcher sets them."""
 
 from __future__ import annotations
 
@@ -44,8 +45,17 @@ LAUNCHERS = [
       "SLURM_STEP_TASKS_PER_NODE": "2(x3),1"}, 8, (5, 7, 1, 2, "slurm"), "cuda:1"),
     ("srun -N4 -n7, the node with one task",
      {**SRUN_STEP, "SLURM_NTASKS": "7", "SLURM_PROCID": "6", "SLURM_LOCALID": "0", "SLURM_NODEID": "3",
-      "SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_STEP_TASKS_PER_NODE": "2(x3),1"}, 8, (6, 7, 0, 1, "slurm"),
-     "cuda:0"),
+      "SLURM_GTIDS": "6", "SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_STEP_TASKS_PER_NODE": "2(x3),1"}, 8,
+     (6, 7, 0, 1, "slurm"), "cuda:0"),
+    ("srun -N4 -n7 without SLURM_GTIDS and SLURM_STEP_*: the count of SLURM_TASKS_PER_NODE at SLURM_NODEID",
+     {"SLURM_JOB_ID": "42", "SLURM_NNODES": "4", "SLURM_NTASKS": "7", "SLURM_PROCID": "5", "SLURM_LOCALID": "1",
+      "SLURM_NODEID": "2", "SLURM_TASKS_PER_NODE": "2(x3),1"}, 8, (5, 7, 1, 2, "slurm"), "cuda:1"),
+    ("srun -p gpu -n 1 : -p cpu -n 2 (heterogeneous: SLURM_NODEID follows the components, the counts the names)",
+     {"SLURM_HET_SIZE": "2", "SLURM_JOB_NODELIST": "cpu1,gpu1", "SLURM_LOCALID": "1", "SLURM_NNODES": "2",
+      "SLURM_NODEID": "1", "SLURM_NPROCS": "3", "SLURM_NTASKS": "3", "SLURM_PROCID": "2", "SLURM_STEP_ID": "0",
+      "SLURM_STEP_NODELIST": "cpu1,gpu1", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_TASKS_PER_NODE": "2,1",
+      "SLURM_TASKS_PER_NODE": "2,1", "SLURM_GTIDS": "1,2", "SLURMD_NODENAME": "cpu1"}, 0, (2, 3, 1, 2, "slurm"),
+     "cpu"),
     ("srun -N2 --ntasks-per-node=4 --gpus-per-task=1 (one GPU bound to each task)",
      {**SRUN_STEP, "SLURM_NTASKS_PER_NODE": "4", "SLURM_GPUS_PER_TASK": "1", "CUDA_VISIBLE_DEVICES": "2"}, 1,
      (6, 8, 2, 4, "slurm"), "cuda:0"),
@@ -53,7 +63,8 @@ LAUNCHERS = [
      {**SRUN_STEP, "PMI_RANK": "6", "PMI_SIZE": "8", "PMI_FD": "7"}, 4, (6, 8, 2, 4, "slurm"), "cuda:2"),
     ("torchrun --nnodes 2 --nproc_per_node 4", TORCHRUN, 4, (5, 8, 1, 4, "torchrun"), "cuda:1"),
     ("srun -N2 --ntasks-per-node=1 torchrun --nproc_per_node 4 (torchrun is the inner launcher)",
-     {**SRUN_STEP, "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_TASKS_PER_NODE": "1(x2)",
+     {**SRUN_STEP, "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_GTIDS": "1",
+      "SLURM_TASKS_PER_NODE": "1(x2)",
       "SLURM_STEP_TASKS_PER_NODE": "1(x2)", **TORCHRUN}, 4, (5, 8, 1, 4, "torchrun"), "cuda:1"),
     ("Kubernetes MPIJob (MPICH), 4 pods x 8 slots, a rank on worker 1",
      {"PMI_RANK": "13", "PMI_SIZE": "32", "PMI_FD": "9", "PMI_HOSTNAME": "rapid-optimizer-worker-1",
@@ -75,7 +86,8 @@ LAUNCHERS = [
 def test_each_launcher_gives_rank_local_rank_world_size_and_device(env, gpus, expected, device):
     found = identity_from_env(env, "host")
     assert (found.rank, found.size, found.local_rank, found.local_size, found.launcher) == expected
-    assert device_for("auto", found.local_rank, found.local_size, True, gpus) == (device, "nccl")
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    assert device_for("auto", found.local_rank, found.local_size, gpus > 0, gpus) == (device, backend)
     assert device_for("auto", found.local_rank, found.local_size, False, 0) == ("cpu", "gloo")
 
 
@@ -91,8 +103,12 @@ def test_slurm_tasks_per_node_forms():
 @pytest.mark.parametrize("env, words", [
     ({"RANK": "3", "WORLD_SIZE": "2"}, "torchrun says rank 3 of 2"),
     ({"RANK": "one", "WORLD_SIZE": "2"}, "RANK='one' is not a whole number"),
-    ({**SRUN_STEP, "SLURM_NODEID": "2"}, "SLURM_NODEID=2 but SLURM_STEP_TASKS_PER_NODE='4(x2)' names 2 node"),
-    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0"}, "without SLURM_TASKS_PER_NODE"),
+    ({**SRUN_STEP, "SLURM_GTIDS": "", "SLURM_NODEID": "2"}, "SLURM_GTIDS='' is not a list of whole numbers"),
+    ({**{k: v for k, v in SRUN_STEP.items() if k != "SLURM_GTIDS"}, "SLURM_NODEID": "2"},
+     "SLURM_NODEID=2 but SLURM_STEP_TASKS_PER_NODE='4(x2)' names 2 node"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0"}, "without SLURM_GTIDS or SLURM_TASKS_PER_NODE"),
+    ({**SRUN_STEP, "SLURM_GTIDS": "4,5,x"}, "SLURM_GTIDS='4,5,x' is not a list of whole numbers"),
+    ({**SRUN_STEP, "SLURM_GTIDS": "0,1"}, "SLURM_PROCID=6 is not among this node's SLURM_GTIDS='0,1'"),
     ({**SRUN_STEP, "SLURM_LOCALID": "4"}, "local rank 4 of 4"),
 ])
 def test_launcher_variables_that_contradict_each_other_are_one_clear_error(env, words):
