@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: setup train test prometheus slurm clean
+.PHONY: setup train test prometheus slurm chromium clean
 
 setup: $(VENV)/.installed
 
@@ -30,10 +30,15 @@ slurm:
 	@test -x /usr/sbin/slurmctld && test -x /usr/sbin/slurmd && test -x /usr/sbin/munged || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm)
 
+# The `rapid watch` test loads its page in a real headless browser (Debian's package).
+chromium:
+	@command -v chromium >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium)
+
 train: setup
 	$(VENV)/bin/rapid train --config configs/default.toml
 
-test: setup prometheus slurm
+test: setup prometheus slurm chromium
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q --durations=25
 

@@ -125,6 +125,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torchscript (runs with torch alone) or onnx (with onnxruntime alone); default torchscript")
     p.add_argument("--out", required=True, help="the file to write")
 
+    p = sub.add_parser("play", help="play connect four, tictactoe… against a run's policy in the terminal")
+    _run_dir_arg(p, required=True)
+    p.add_argument("--version", default="latest", help="params version: latest, 12 or v12 (default latest)")
+    p.add_argument("--agent-first", action="store_true", help="the agent moves first (default: you do)")
+    p.add_argument("--sample", action="store_true", help="the agent samples its moves (default: its most likely)")
+    p.add_argument("--seed", type=int, default=0)
+
+    p = sub.add_parser("watch", help="a local web page showing a moba match of a run's policy as it is played")
+    _run_dir_arg(p, required=True)
+    p.add_argument("--version", default="latest", help="params version on blue: latest, 12 or v12 (default latest)")
+    p.add_argument("--against", default="lane", help="red: a bot (random, idle, lane) or a version (default lane)")
+    p.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (default 8765; 0: any free port)")
+    p.add_argument("--speed", type=float, default=1.0, help="× game time (default 1; the page changes it)")
+    p.add_argument("--greedy", action="store_true", help="policies play their most likely action (default: sample)")
+    p.add_argument("--seed", type=int, default=0)
+
     p = sub.add_parser("report", help="write PNG plots of a run from its logs")
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--out", help="output folder (default RUN_DIR/report)")
@@ -290,6 +306,24 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_play(args) -> int:
+    from rapid.api import load_policy
+    from rapid.play import play_game
+
+    play_game(load_policy(args.run_dir, args.version), agent_first=args.agent_first, greedy=not args.sample,
+              seed=args.seed)
+    return 0
+
+
+def cmd_watch(args) -> int:
+    from rapid.watch import watch
+
+    if not 0 <= args.port < 65536:
+        raise UsageError(f"--port {args.port}: use 0 to 65535")
+    return watch(run_dir_config(args.run_dir), args.version, args.against, port=args.port, speed=args.speed,
+                 seed=args.seed, greedy=args.greedy)
+
+
 def cmd_report(args) -> int:
     from rapid.monitoring.report import write_report
 
@@ -364,7 +398,7 @@ def cmd_surgery(args) -> int:
 
 COMMANDS = {"train": cmd_train, "config": cmd_config, "eval": cmd_eval, "optimizer": cmd_role,
             "rollout": cmd_role, "evaluator": cmd_role, "replay": cmd_replay, "export": cmd_export,
-            "report": cmd_report,
+            "play": cmd_play, "watch": cmd_watch, "report": cmd_report,
             "monitor": cmd_monitor, "league": cmd_league, "surgery": cmd_surgery}
 
 
