@@ -30,3 +30,4 @@ def test_srun_tasks_know_their_rank_and_their_node(slurm, layout, expected):  # 
     out = slurm.run("srun", "--mpi=none", *argv, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert sorted(out.stdout.split("\n")[:-1]) == expected, out.stdout + out.stderr
+

@@ -1,8 +1,9 @@
-"""Run under ``mpiexec -n 2``: ``rapid optimizer`` on a pretend host where both ranks see one and the same GPU
-(UUID GPU-f00d) and nothing bound a GPU to each rank. Both take cuda:0; the job must stop when the ranks meet,
-before any CUDA call (every real one would fail here: there is no GPU behind the pretence).
+"""One of two ranks of ``rapid optimizer`` on a pretend host where both see one and the same GPU (UUID GPU-f00d)
+and nothing bound a GPU to each rank. Both take cuda:0; the job must stop when the ranks meet, before any CUDA
+call (every real one would fail here: there is no GPU behind the pretence).
 
-Usage: ``mpiexec -n 2 python one_gpu_two_ranks.py RUN_DIR``
+Usage: ``mpiexec -n 2 python one_gpu_two_ranks.py RUN_DIR``, or two processes with RAPID_RANK, RAPID_WORLD_SIZE,
+RAPID_LOCAL_RANK, RAPID_LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set.
 """
 
 from __future__ import annotations
