@@ -175,6 +175,11 @@ class S3Store(Store):
         validate_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
+    @property
+    def client(self):
+        """The boto3 client (for instrumentation, e.g. botocore's event hooks; the store's methods are the API)."""
+        return self._client
+
     def describe(self) -> str:
         return f"{self.url} @ {_safe_endpoint(self._client.meta.endpoint_url)}"
 

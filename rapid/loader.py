@@ -52,7 +52,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from rapid.decode_pool import Decoded, DecodePool
@@ -101,7 +101,8 @@ class ExperienceLoader:
                  shards: int = 1, poll_s: float = 0.5, retention_s: float = 600.0, on_bad=None, on_load=None,
                  decode_workers: int = 0, current_version: Callable[[], int] | None = None,
                  poll_max_s: float | None = None, lookback_s: float = 120.0, sweep_s: float = 300.0,
-                 download_threads: int = 4, mark_s: float = 30.0, clock: Callable[[], float] = time.time):
+                 download_threads: int = 4, mark_s: float = 30.0, clock: Callable[[], float] = time.time,
+                 downloads: Executor | None = None):
         self.store, self.shape, self.buffer = store, shape, buffer
         self.rank, self.world, self.shards = rank, world, owned_shards(rank, world, shards)
         self.split = shard_split(rank, world, shards)
@@ -112,7 +113,8 @@ class ExperienceLoader:
         self.current_version = current_version
         self.clock = clock
         self.decoder = DecodePool(shape, decode_workers)
-        self.downloads = ThreadPoolExecutor(max(1, download_threads), thread_name_prefix=f"download-{rank}")
+        self.downloads = downloads or ThreadPoolExecutor(max(1, download_threads),
+                                                         thread_name_prefix=f"download-{rank}")
         self.max_downloads = max(1, download_threads)
         self.stats = LoaderStats()
         self.quiet = QuietLog(log, clock)
@@ -171,19 +173,24 @@ class ExperienceLoader:
             return self.poll_max_s
         return min(self.poll_max_s, max(self.poll_s, 1.0 / self._rate))
 
+    def step(self) -> float:
+        """One poll, its failure counted and logged (the loader goes on); the seconds until the next. The
+        loader's thread runs it in a loop; the scale model runs it in simulated time."""
+        try:
+            self.poll_once()
+            self.quiet.recovered("list", "listing experience")
+        except StoreError as e:
+            self.stats.store_errors += 1
+            self.quiet.warning("list", "listing experience failed: %s", e)
+        except Exception as e:  # MemoryError included: count, log, go on
+            self.stats.errors += 1
+            log.error("loader: unexpected %s, going on: %s", type(e).__name__, e)
+        return self.next_wait()
+
     def _run(self) -> None:
         try:
-            while not self._stop.is_set():
-                try:
-                    self.poll_once()
-                    self.quiet.recovered("list", "listing experience")
-                except StoreError as e:
-                    self.stats.store_errors += 1
-                    self.quiet.warning("list", "listing experience failed: %s", e)
-                except Exception as e:  # MemoryError included: count, log, go on
-                    self.stats.errors += 1
-                    log.error("loader: unexpected %s, going on: %s", type(e).__name__, e)
-                self._stop.wait(self.next_wait())
+            while not self._stop.wait(self.step()):
+                pass
         finally:
             if not self._stop.is_set():
                 self.failure = "the experience loader thread ended unexpectedly"

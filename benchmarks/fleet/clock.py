@@ -31,6 +31,7 @@ class SimClock:
         self.skew = 0.0  # the running actor's clock error (seconds)
         self.streams = 1  # requests in flight together (a loader's parallel downloads): each is charged 1/streams
         self.actor: object | None = None
+        self.busy: dict[object, list[tuple[float, float]]] = {}  # process → its interpreter lock's busy spans
 
     def t(self) -> float:
         """Simulated seconds since the start, as the running step sees them (no skew: the true time)."""
@@ -44,6 +45,26 @@ class SimClock:
 
     def charge(self, seconds: float) -> None:
         self.elapsed += seconds / self.streams
+
+    def cpu(self, seconds: float) -> None:
+        """Charge ``seconds`` of CPU to the running actor's process: the threads of one process share one
+        interpreter lock, so the work runs in the first gap of that long in which no other thread of the
+        process holds it. Spans are kept, not just the last end: a step that ends far ahead (a write retried
+        through an outage) must not hold the lock for the threads whose steps come before its end."""
+        process = getattr(self.actor, "process", None)
+        if process is None:
+            self.elapsed += seconds
+            return
+        spans = [(a, b) for a, b in self.busy.get(process, ()) if b > self.now]  # steps start in time order
+        start = self.t()
+        for a, b in spans:
+            if start + seconds <= a:
+                break
+            start = max(start, b)
+        spans.append((start, start + seconds))
+        spans.sort()
+        self.busy[process] = spans
+        self.elapsed = start + seconds - self.now
 
     @contextmanager
     def acting(self, actor: object, at: float, skew: float = 0.0):

@@ -3,6 +3,7 @@ delays, each computed from the Meter's counts and the fleet's own records."""
 
 from __future__ import annotations
 
+import collections
 import math
 
 import numpy as np
@@ -27,21 +28,90 @@ def counter_pct(counter, q: float) -> float:
     return float(max(counter))
 
 
-def fold_lags(sealed: list, folded: list) -> tuple[list, int]:
-    """Game-finished → folded delays, matching the n-th game sealed to the time the pool first counted n
-    games (first in, first folded); and how many games were never folded."""
-    sealed = sorted(sealed)
+def fold_lags(played: list, folded: list) -> tuple[list, int]:
+    """Game-finished → folded delays, matching the n-th game played to the time the pool first counted n
+    games (first in, first folded); a game never folded has an infinite lag. Also how many were never folded."""
+    played = sorted(played)
     times = [t for t, _ in folded]
     counts = np.maximum.accumulate([n for _, n in folded]) if folded else np.array([])
-    lags, n = [], 0
-    for t, games in sealed:
+    lags, n, unfolded = [], 0, 0
+    for t, games in played:
         for _ in range(games):
             n += 1
             i = int(np.searchsorted(counts, n)) if len(counts) else 0
             if i >= len(counts):
-                return lags, sum(g for _, g in sealed) - n + 1
-            lags.append(max(0.0, times[i] - t))
-    return lags, 0
+                unfolded += 1
+                lags.append(math.inf)
+            else:
+                lags.append(max(0.0, times[i] - t))
+    return lags, unfolded
+
+
+MEASURE_FROM_S = 60.0
+"""Shares over time (workers on a current version, updates) are measured after the first minute: the first
+uploads take an upload interval to arrive."""
+
+BOUNDS = {
+    "workers_current_share": (">=", 0.95),
+    "updates_share": (">=", 0.90),
+    "poller_failures": ("<=", 0),
+    "trained_share": (">=", 0.95),
+    "folded_share": (">=", 0.99),
+    "list_pages_per_poll": ("<=", 1.0),
+    "writer_wait_s": ("<=", None),  # one publish interval
+    "hot_key_gets_per_s": ("<=", 1000.0),
+    "cost_per_hour": ("<=", 5.0),
+    "discovery_p99_s": ("<=", None),  # one upload interval
+    "fold_lag_p99_s": ("<=", None),  # one publish interval
+}
+"""The bound each health figure must keep (the issue's, at the product card's shape; None: from the run's
+cadence)."""
+
+
+def bound_of(name: str, s) -> tuple[str, float]:
+    op, value = BOUNDS[name]
+    if value is None:
+        value = s.upload_s if name == "discovery_p99_s" else s.publish_s  # fold lag, writer wait: a publish
+    return op, value
+
+
+def passes(name: str, value: float, s) -> bool:
+    op, bound = bound_of(name, s)
+    return value >= bound if op == ">=" else value <= bound
+
+
+def writer_wait(rank0, clock) -> float:
+    """The longest a version waited on rank 0's writer: from the loop's decision to its LATEST stored (the
+    update loop itself never waits: a version that finds the writer full is held while training goes on); a
+    version still unstored at the end counts until then."""
+    stored = len(rank0.publish_lags)
+    unstored = [clock.t() - at for v, at in rank0.report.version_at.items() if v > stored]
+    return max([*rank0.publish_lags, *unstored], default=0.0)
+
+
+def health(fleet, fam: dict, reached: float, hot_gets: int) -> dict:
+    """The flat health figures (names as in ``--json``)."""
+    s, m, rank0 = fleet.s, fleet.meter, fleet.ranks[0]
+    delays = [m.loads[k][0][1] - at for k, at in m.visible_at.items() if m.loads.get(k)]
+    lags, _ = fold_lags(fleet.played, fleet.folded)
+    uploaded = sum(w.uploader.stats.samples for w in fleet.all_workers)
+    trained = sum(r.buffer.stats().used for r in fleet.ranks)
+    played = sum(n for _, n in fleet.played)
+    folded = rank0.keeper.folded_games if rank0.keeper else 0
+    pages = sum(m.requests["experience", "LIST", h] for h in (0, 1))
+    return {
+        "workers_current_share": float(np.mean(fleet.current)) if fleet.current else 0.0,
+        "updates_share": rank0.learner.busy_s / max(1e-9, min(reached, s.sim_s) - MEASURE_FROM_S),
+        "poller_failures": fleet.poller_failures,
+        "trained_share": trained / uploaded if uploaded else 0.0,
+        "folded_share": folded / played if played else 0.0,
+        "list_pages_per_poll": pages / max(1, fleet.polls),
+        "writer_wait_s": writer_wait(rank0, fleet.clock),
+        "hot_key_gets_per_s": hot_gets / max(reached, 1e-9),
+        "cost_per_hour": sum(r["$/h"] for r in fam.values()),
+        "discovery_p99_s": pct(delays, 99),
+        "fold_lag_p99_s": pct(lags, 99),
+    }
 
 
 def figures(fleet, live_half: dict, live_end: dict) -> dict:
@@ -61,45 +131,45 @@ def figures(fleet, live_half: dict, live_end: dict) -> dict:
         row["$/h"] = sum(m.requests[f, op, h] / span * 3600 * PRICE_PER_1000[op] / 1000 for op in OPS)
         if any(row[k] for k in (*OPS, "live end")):
             fam[f] = row
-    uploaded = m.visible_at
-    delays, twice, never = [], 0, 0
-    for key, at in uploaded.items():
-        loads = m.loads.get(key)
-        if not loads:
-            never += 1
-            continue
-        delays.append(loads[0][1] - at)
-        twice += len(loads) > 1
-    bad = sum(r.loader.stats.bad_objects for r in fleet.ranks)
-    lags, unfolded = fold_lags(fleet.games_sealed, fleet.pool_games)
-    polls = max(1, len(fleet.poll_s))
-    opt = fleet.optimizer.fig
+    lags, unfolded = fold_lags(fleet.played, fleet.folded)
+    staleness = collections.Counter(fleet.ranks[0].report.staleness)
     hot_key, hot_gets = max(m.gets_by_key.items(), key=lambda kv: kv[1], default=("-", 0))
-    return {
+    rank0 = fleet.ranks[0]
+    jobs: collections.Counter = collections.Counter()
+    longest: dict[str, float] = {}
+    for name, seconds in rank0.writer_jobs:
+        jobs[name] += 1
+        longest[name] = max(longest.get(name, 0.0), seconds)
+    fig = health(fleet, fam, reached, hot_gets)
+    group = fleet.group
+    fig.update({
         "families": fam,
-        "cost_per_h": sum(r["$/h"] for r in fam.values()),
-        "uploaded": len(uploaded), "never_loaded": max(0, never - bad), "loaded_twice": twice, "bad": bad,
-        "dropped_by_workers": sum(w.uploader.stats.dropped_objects for w in fleet.workers.values()),
-        "discovery_p50": pct(delays, 50), "discovery_p99": pct(delays, 99),
-        "staleness_p50": counter_pct(opt.staleness, 50), "staleness_p99": counter_pct(opt.staleness, 99),
-        "fold_lag_p50": pct(lags, 50), "fold_lag_p99": pct(lags, 99), "unfolded_games": unfolded,
-        "writer_wait_max": max(opt.writer_wait_s, default=0.0),
-        "writer_jobs": dict(fleet.optimizer.writer.jobs), "writer_job_max_s": dict(fleet.optimizer.writer.job_s),
-        "updates": opt.updates, "updates_ideal": int(reached / s.update_s), "reached_s": reached,
-        "complete": reached >= s.sim_s,
-        "list_pages_per_poll": sum(m.requests["experience", "LIST", h] for h in (0, 1)) / polls,
-        "poll_cpu_ms_p50": 1e3 * pct(fleet.poll_cpu, 50), "poll_cpu_ms_p99": 1e3 * pct(fleet.poll_cpu, 99),
-        "client": m.client, "poll_cpu_client_ms_p50": 1e3 * pct(fleet.poll_cpu_client, 50),
-        "poll_cpu_client_ms_p99": 1e3 * pct(fleet.poll_cpu_client, 99),
+        "uploaded": len(m.visible_at), "never_loaded": sum(1 for k in m.visible_at if not m.loads.get(k)),
+        "loaded_twice": sum(1 for k in m.visible_at if len(m.loads.get(k, ())) > 1),
+        "bad": sum(r.loader.stats.bad_objects for r in fleet.ranks),
+        "dropped_by_workers": sum(w.uploader.stats.dropped_objects for w in fleet.all_workers),
+        "discovery_p50_s": pct([m.loads[k][0][1] - at for k, at in m.visible_at.items() if m.loads.get(k)], 50),
+        "staleness_p50": counter_pct(staleness, 50), "staleness_p99": counter_pct(staleness, 99),
+        "fold_lag_p50_s": pct(lags, 50), "unfolded_games": unfolded,
+        "writer_jobs": dict(jobs), "writer_job_max_s": longest,
+        "updates": rank0.learner.updates,
+        "reached_s": reached, "complete": reached >= s.sim_s,
         "poll_s_p50": pct(fleet.poll_s, 50), "poll_s_p99": pct(fleet.poll_s, 99),
-        "hot_key": hot_key, "hot_key_gets_per_s": hot_gets / reached,
-        "throttled": dict(m.throttled), "slowdown_raised": dict(m.failed),
-        "list_failures": fleet.list_failures, "snapshot_failures": fleet.snapshot_failures,
-        "restarts": fleet.restarts, "churned": fleet.churned,
-    }
+        "hot_key": hot_key,
+        "collectives": group.collectives if group else 0,
+        "collective_s": group.seconds if group else 0.0,
+        "straggler_wait_s": group.straggler_wait_s if group else 0.0,
+        "error_answers": {f"{f} {c}": n for (f, c), n in m.errors.items()},
+        "errors_raised": {f"{f} {c}": n for (f, c), n in m.raised.items()},
+        "list_failures": sum(r.loader.stats.store_errors for r in fleet.ranks),
+        "snapshot_failures": fleet.snapshot_failures,
+        "rank_failures": [r.failure for r in fleet.ranks if r.failure],
+        "churned": fleet.churned,
+    })
+    return fig
 
 
-def print_report(fig: dict, out=print) -> None:
+def print_report(fig: dict, s, out=print) -> None:
     cols = [*OPS, "MB/s", "req/s 1st", "req/s 2nd", "live half", "live end", "GB end", "$/h"]
     out(f"{'family':<17}" + "".join(f"{c:>11}" for c in cols))
     for f, row in fig["families"].items():
@@ -107,44 +177,41 @@ def print_report(fig: dict, out=print) -> None:
     out("  (request rates and MB/s over the second half of the run; live objects at half time and at the end)")
     if not fig["complete"]:
         out(f"  STOPPED EARLY at simulated second {fig['reached_s']:.0f} (wall-time limit): rates over what was "
-            f"reached, no drain, so 'never loaded' counts objects still in flight")
+            f"reached, no drain")
+    out("health, each figure beside its bound:")
+    for name in BOUNDS:
+        op, bound = bound_of(name, s)
+        verdict = "ok" if passes(name, fig[name], s) else "FAIL"
+        out(f"  {name:<24}{_num(fig[name]):>12}   want {op} {_num(bound):<8} {verdict}")
+    jobs = ", ".join(f"{k} {v} ({fig['writer_job_max_s'][k]:.1f})" for k, v in sorted(fig["writer_jobs"].items()))
     pairs = [
-        ("S3 request cost, $/h at list prices", f"{fig['cost_per_h']:.2f}"),
-        ("objects uploaded", fig["uploaded"]),
-        ("never loaded", fig["never_loaded"]),
-        ("loaded twice", fig["loaded_twice"]),
-        ("bad objects", fig["bad"]),
+        ("objects uploaded / never loaded / loaded twice / bad",
+         f"{fig['uploaded']} / {fig['never_loaded']} / {fig['loaded_twice']} / {fig['bad']}"),
         ("dropped by workers (backlog full)", fig["dropped_by_workers"]),
-        ("discovery delay p50 / p99 (s)", f"{fig['discovery_p50']:.1f} / {fig['discovery_p99']:.1f}"),
+        ("discovery delay p50 (s)", f"{fig['discovery_p50_s']:.1f}"),
         ("staleness p50 / p99 (versions)", f"{fig['staleness_p50']:.0f} / {fig['staleness_p99']:.0f}"),
-        ("league fold lag p50 / p99 (s)", f"{fig['fold_lag_p50']:.1f} / {fig['fold_lag_p99']:.1f}"),
-        ("games never folded", fig["unfolded_games"]),
-        ("longest wait of the update loop on rank 0's writer (s)", f"{fig['writer_wait_max']:.3f}"),
-        ("writer jobs (longest, s)", ", ".join(f"{k} {v} ({fig['writer_job_max_s'][k]:.1f})"
-                                               for k, v in fig["writer_jobs"].items())),
-        ("updates done / possible", f"{fig['updates']} / {fig['updates_ideal']}"),
-        ("experience LIST pages per rank per poll", f"{fig['list_pages_per_poll']:.2f}"),
-        ("poll duration p50 / p99 (simulated s)", f"{fig['poll_s_p50']:.2f} / {fig['poll_s_p99']:.2f}"),
-        ("CPU per poll per rank p50 / p99 (ms, rapid's code)", f"{fig['poll_cpu_ms_p50']:.2f} / "
-                                                                f"{fig['poll_cpu_ms_p99']:.2f}"),
-        *([(f"CPU per poll per rank p50 / p99 (ms, with {fig['client']})",
-             f"{fig['poll_cpu_client_ms_p50']:.2f} / {fig['poll_cpu_client_ms_p99']:.2f}")] if fig["client"] else []),
-        ("hottest key, GETs/s", f"{fig['hot_key']} {fig['hot_key_gets_per_s']:.1f}"),
-        ("SlowDown answers (retried) / raised", f"{fig['throttled'] or 0} / {fig['slowdown_raised'] or 0}"),
+        ("league fold lag p50 (s); games never folded", f"{fig['fold_lag_p50_s']:.1f}; {fig['unfolded_games']}"),
+        ("rank 0's writer jobs (longest, s)", jobs),
+        ("updates (rank 0)", fig["updates"]),
+        ("collectives; their cost; waits for stragglers (s)",
+         f"{fig['collectives']}; {fig['collective_s']:.1f}; {fig['straggler_wait_s']:.1f}"),
+        ("loader poll duration p50 / p99 (simulated s)", f"{fig['poll_s_p50']:.2f} / {fig['poll_s_p99']:.2f}"),
+        ("hottest key", fig["hot_key"]),
+        ("error answers (retried) / raised", f"{fig['error_answers'] or 0} / {fig['errors_raised'] or 0}"),
         ("loader polls failed (store error)", fig["list_failures"]),
         ("snapshot downloads failed (workers played the latest instead)", fig["snapshot_failures"]),
+        ("ranks that failed", "; ".join(fig["rank_failures"]) or 0),
     ]
-    if fig["restarts"] or fig["churned"]:
-        pairs.append(("optimizer restarts / workers replaced", f"{fig['restarts']} / {fig['churned']}"))
+    if fig["churned"]:
+        pairs.append(("workers replaced", fig["churned"]))
     width = max(len(k) for k, _ in pairs)
     for k, v in pairs:
         out(f"{k:<{width}}  {v}")
 
 
 def _num(x: float) -> str:
-    if math.isnan(x):
-        return "-"
+    if math.isnan(x) or math.isinf(x):
+        return str(x)
     if isinstance(x, int) or float(x).is_integer():
         return f"{int(x):,}"
-    return f"{x:,.2f}" if abs(x) < 100 else f"{x:,.0f}"
-
+    return f"{x:,.3f}" if abs(x) < 10 else f"{x:,.1f}" if abs(x) < 100 else f"{x:,.0f}"

@@ -14,8 +14,10 @@ class OutOfTime(Exception):
 
 
 class Actor:
-    def __init__(self, name: str, gen, skew: float = 0.0):
-        self.name, self.gen, self.skew, self.dead = name, gen, skew, False
+    """One thread of the fleet; ``process`` names the process it belongs to (its threads share a CPU lock)."""
+
+    def __init__(self, name: str, gen, skew: float = 0.0, process: object = None):
+        self.name, self.gen, self.skew, self.dead, self.process = name, gen, skew, False, process
 
 
 class Scheduler:

@@ -1,37 +1,58 @@
-"""The fleet: W simulated rollout workers and R optimizer ranks, driven in simulated time.
+"""The fleet: W rollout workers and R optimizer ranks of rapid's own loop objects, in simulated time.
 
-No threads are started for the fleet. Every actor is a generator that does one step of real rapid code
-(an Uploader's seal and upload, a ParamPoller's poll, an ExperienceLoader's ``poll_once``, a writer job) and
-yields the simulated time it wants to run again; :class:`Scheduler` runs the actors in order of that time.
-A step is atomic: it sees the store as it is at the step's start, and its requests' modelled latency moves
-its own clock (so a poll of 490 LIST pages ends ~49 s after it started and the rank polls again ``poll_s``
-later, as the loader thread does, or after ``next_wait()`` where the loader has one). The update loop and
-rank 0's writer are in ``rank0.py``.
+No thread is started. Every thread a role would run is an actor of the scheduler (``sched.py``) that runs one
+step of rapid's code and yields when it wants to run again:
+
+- a rollout worker is rapid's ``RolloutLoop`` (driven by ``drive.loop_actor``) over a ``SimSource``, plus
+  three actors for its threads: the ``ParamPoller``'s ``poll_once``/``next_wait``, the ``Uploader``'s ``seal``
+  every upload interval and its ``upload_pending``;
+- an optimizer rank is rapid's ``OptimizerLoop`` with a stand-in learner, its collectives met in a ``Group``
+  (α–β cost, the straggler sets the pace), plus its ``ExperienceLoader``'s ``step``; rank 0 also runs its
+  ``BackgroundWriter``'s ``run_next`` and its ``LeagueKeeper``'s ``step``.
+
+Each actor belongs to a process; the CPU its process spends (decoding, listing, encoding, updates) is charged
+under one interpreter lock (``SimClock.cpu``). Workers read parameters, snapshots and the pool through
+rapid's ``NodeCachedStore``, one per node of ``workers_per_node`` workers (the shipped topologies), or the
+store itself.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+import logging
+import random
+import tempfile
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from rapid.config import Config, LeagueConfig, OptimizerConfig, RolloutConfig, RunConfig
 from rapid.formats.experience import Shape
-from rapid.infra.store import StoreError
 from rapid.league import League, OpponentSampler
-from rapid.league.pool import load_pool
+from rapid.loader import ExperienceLoader
+from rapid.node_cache import NodeCachedStore
 from rapid.opt.buffer import ExperienceBuffer
 from rapid.param_store import ParameterStore
+from rapid.publisher import BackgroundWriter
+from rapid.roles.league_keeper import LeagueKeeper
+from rapid.roles.optimizer_loop import OptimizerLoop, Parts, Timing, version_meta
 from rapid.roles.rollout import ParamPoller
-from rapid.rollout_worker import Segment
-from rapid.store_map import POOL_POINTER
+from rapid.roles.rollout_loop import RolloutLoop
+from rapid.run_watch import RunWatch
+from rapid.store_map import PARAMS_LATEST, POOL_POINTER, read_layout, write_layout
+from rapid.uploader import Uploader
 
-from .plane import QUIET
-from .rank0 import Optimizer
+from .drive import Group, Links, loop_actor
+from .faults import Faults
+from .report import MEASURE_FROM_S
 from .sched import Actor, OutOfTime, Scheduler
+from .standins import PARAM_TENSORS, Costs, CpuCharged, NullMetrics, SimLearner, SimReport, SimSource, checkpoint_of
 
 SHAPE = Shape(bptt=16, obs_dim=8, mask_dim=4, heads=1, lstm=8)
 """A small sample (~1 KB encoded): object sizes are scaled up to the target in the latency model."""
+MONITOR_S = 5.0  # how often the share of workers on a current version is sampled
+QUIET = logging.getLogger("fleet.quiet")
+QUIET.setLevel(logging.CRITICAL)  # thousands of simulated processes: failures are counted, not logged
 
 
 def sample_arrays(n: int) -> dict[str, np.ndarray]:
@@ -52,176 +73,303 @@ class Settings:
     poll_s: float = 0.5
     publish_s: float = 60.0
     update_s: float = 1.0
+    update_spread: float = 0.1  # lognormal σ of a rank's update time (stragglers)
+    segment_s: float = 5.0  # a worker's segment: its version is swapped only between segments
     retention_s: float = 600.0
     max_backlog: int = 8
-    samples_per_object: int = 8
-    games_per_object: int = 3
+    samples_per_segment: int = 1
+    games_per_upload: float = 3.0
     snapshot_every: int = 10
     refresh_s: float = 30.0
     checkpoint_every: int = 100
     max_staleness: int = 8
-    max_reuse: float = 2.0
+    target_reuse: float = 1.0
     drain_s: float = 120.0
     seed: int = 0
     skew_s: float = 0.0  # fault: worker clocks off by up to ± this
     slow_upload_s: float = 0.0  # fault: this much extra on each experience PUT of 10% of the workers
     churn: float = 0.0  # fault: this share of the workers leaves (and is replaced) every upload interval
-    restart_at: float = 0.0  # fault: the optimizer job restarts (--resume) at this simulated second
-    restart_down_s: float = 30.0
-    shards: int = 0  # experience shards of the sharded plane (0: one per rank, as store.experience_shards)
-    workers_per_node: int = 0  # workers sharing a node cache (rapid.node_cache; 0: none, every worker reads the store)
+    shards: int = 0  # experience shards (0: one per rank, as store.experience_shards)
+    workers_per_node: int = 0  # workers sharing a node cache (0: none, every worker reads the store)
+    grad_mb: float = 2.6  # bytes all-reduced per update (the moba 5v5 model's gradients)
+    links: Links = field(default_factory=Links)
+    costs: Costs = field(default_factory=Costs)
+
+    def config(self) -> Config:
+        """The run's config as the roles would read it (the loops take their settings from it). The batch is
+        what arrives at a rank in ``update_s`` times the target reuse: the learner just keeps up."""
+        per_rank = self.workers * self.samples_per_segment / self.segment_s / self.ranks
+        batch = max(1, round(per_rank * self.update_s * self.target_reuse))
+        return Config(
+            run=RunConfig(name="fleet"),
+            rollout=RolloutConfig(upload_interval_s=self.upload_s, param_poll_s=self.param_poll_s),
+            optimizer=OptimizerConfig(batch_samples=batch, max_batch_samples=8 * batch,
+                                      buffer_samples=max(64, int(8 * per_rank * self.upload_s)),
+                                      max_staleness=self.max_staleness, target_reuse=self.target_reuse,
+                                      publish_interval_s=self.publish_s, checkpoint_every=self.checkpoint_every,
+                                      poll_s=self.poll_s, decode_workers=0),
+            league=LeagueConfig(snapshot_every=self.snapshot_every, refresh_s=self.refresh_s))
+
+
+class SimStop:
+    """A role's stop flag in simulated time: a wait between retries moves the clock."""
+
+    def __init__(self, clock):
+        self.clock, self.reason = clock, None
+
+    def __bool__(self) -> bool:
+        return self.reason is not None
+
+    def set(self, reason: str) -> None:
+        self.reason = self.reason or reason
+
+    def wait(self, seconds: float) -> bool:
+        self.clock.charge(seconds)
+        return bool(self)
+
+
+class InlineDownloads:
+    """The loader's download pool, run inline; ``streams`` downloads in flight overlap, so each is charged
+    1/streams of its modelled latency."""
+
+    def __init__(self, clock, streams: int):
+        self.clock, self.streams = clock, max(1, streams)
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        self.clock.streams = self.streams
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:  # the loader reads it from the future, as from a pool thread
+            future.set_exception(e)
+        finally:
+            self.clock.streams = 1
+        return future
+
+    def shutdown(self, **_) -> None:
+        """Nothing runs in the background."""
 
 
 class Worker:
-    """One rollout worker: its Uploader (sealing + uploading real experience objects), ParamPoller and
-    league OpponentSampler, with no env and no policy."""
+    """One rollout process: rapid's RolloutLoop, ParamPoller and Uploader, over a SimSource."""
 
-    def __init__(self, fleet, index: int, at: float):
-        s, rng = fleet.s, fleet.rng
-        self.fleet, self.id = fleet, f"w{index}"
-        self.uploader = fleet.plane.uploader(fleet.store, self.id, s)
-        reads = fleet.node_store(index)
-        self.poller = ParamPoller(ParameterStore(reads), s.param_poll_s, QUIET)
-        league = League(reads, clock=fleet.clock.time)
-        self.sampler = OpponentSampler(league, fleet.league_cfg, clock=fleet.clock.monotonic)
-        self.version: int | None = None
-        self.rng = np.random.default_rng(int(rng.integers(1 << 31)))
+    def __init__(self, fleet: Fleet, index: int, at: float):
+        s, clock = fleet.s, fleet.clock
+        self.fleet, self.id, self.process = fleet, f"w{index}", f"w{index}-{at:.0f}"
+        rng = np.random.default_rng(int(fleet.rng.integers(1 << 31)))
+        store = fleet.charged(fleet.store)
+        reads = fleet.node_store(index, store)
+        shards = 1 if fleet.faults.one_shard else (read_layout(store) or 1)
+        self.uploader = Uploader(store, self.id, s.upload_s, s.max_backlog, shards=shards, clock=clock.time)
+        self.poller = ParamPoller(ParameterStore(reads), s.param_poll_s, QUIET, on_failure=fleet.poller_failed,
+                                  rng=random.Random(int(rng.integers(1 << 31))))
+        sampler = OpponentSampler(League(reads, clock=clock.time), fleet.cfg.league, clock=clock.monotonic)
+        games = s.games_per_upload * s.segment_s / s.upload_s
+        self.source = SimSource(clock, rng, fleet.template, sampler, s.segment_s, games, fleet.snapshot_failed)
+        self.stop = SimStop(clock)
+        watch = RunWatch(reads, quiet_s=max(60.0, 3 * s.publish_s), clock=clock.time)
+        self.loop = RolloutLoop(self.source, self.uploader, self.poller, watch, NullMetrics(), 2, 0.0, self.stop,
+                                QUIET, clock=clock)
+        self.done = False
+        self.games_sealed = 0
+        fleet.all_workers.append(self)
         skew = float(rng.uniform(-s.skew_s, s.skew_s)) if s.skew_s else 0.0
-        self.actor = fleet.sched.start(Actor(self.id, self._run(at), skew), at)
+        start = fleet.sched.start
+        self.actor = start(Actor(self.id, loop_actor(clock, self.loop.run(), on_end=self._ended), skew,
+                                 self.process), at)
+        start(Actor(f"{self.id}-poller", self._poller(), skew, self.process), at)
+        start(Actor(f"{self.id}-sealer", self._sealer(), skew, self.process), at + float(rng.uniform(0, s.upload_s)))
+        self.upload_actor = start(Actor(f"{self.id}-uploader", self._uploads(), skew, self.process), at)
         if s.slow_upload_s and rng.random() < 0.1:
-            fleet.meter.slow_put[self.actor] = s.slow_upload_s
+            fleet.meter.slow_put[self.upload_actor] = s.slow_upload_s
 
-    def _run(self, at: float):
-        s, clock = self.fleet.s, self.fleet.clock
-        next_poll = at + float(self.rng.uniform(0, s.param_poll_s))
-        next_seal = at + float(self.rng.uniform(0, s.upload_s))
-        while True:
-            if clock.t() >= next_poll:
-                self.poller.poll_once()
-                newer = self.poller.take()
-                if newer is not None:
-                    self.version = newer[0]
-                self.sampler.refresh()  # as choose() does at a game's start: the pool every refresh_s
-                next_poll = clock.t() + s.param_poll_s
-            if self.fleet.stopping:
-                self.leave()
-                return
-            if clock.t() >= next_seal:
-                if self.version is not None:  # a worker uploads once it holds its first params
-                    self.seal()
-                next_seal += s.upload_s
-            yield min(next_poll, next_seal)
+    def _poller(self):
+        while not self.done:
+            self.poller.poll_once()
+            yield self.fleet.clock.t() + self.poller.next_wait()
 
-    def seal(self) -> None:
-        s, fleet = self.fleet.s, self.fleet
-        games = [self.sampler.choose(self.rng) for _ in range(s.games_per_object)]
-        for g in games:
-            if g.kind == "snapshot":
-                try:
-                    self.sampler.load_params(g.id)  # the snapshot's weights, from its LRU cache or the store
-                except (StoreError, ValueError, KeyError):
-                    fleet.snapshot_failures += 1
-        opponents = sorted({g.id for g in games})
-        arrays = {k: v.copy() for k, v in fleet.template.items()}
-        arrays["version"][:] = self.version
-        arrays["opponent"][:] = np.arange(s.samples_per_object) % len(opponents)
-        episodes = [{"learner_version": self.version, "opponent": g.id, "learner_side": i % 2,
-                     "winner": ("learner", "opponent", "draw")[int(self.rng.integers(3))], "length": 1000,
-                     "learner_return": 0.0} for i, g in enumerate(games)]
-        self.uploader.add(Segment(arrays, opponents, episodes, env_steps=16 * s.samples_per_object))
-        self.uploader._seal()  # the sealer thread's step
-        fleet.games_sealed.append((fleet.clock.t(), len(episodes)))
-        self.uploader._drain()  # the uploading thread's step (and, today, the match-results writer)
+    def _sealer(self):
+        while not self.done:
+            self.uploader.seal()
+            self._sealed_games()
+            self.fleet.sched.wake(self.upload_actor, self.fleet.clock.t())
+            yield self.fleet.clock.t() + self.fleet.s.upload_s
+
+    def _uploads(self):
+        while not self.done:
+            if not self.uploader.stats.backlog:
+                yield None  # woken by the sealer
+                continue
+            failures = self.uploader.stats.failures
+            self.uploader.upload_pending()
+            # After a failure the uploading thread tries again an upload interval later (botocore retried already).
+            yield self.fleet.clock.t() + (self.fleet.s.upload_s if self.uploader.stats.failures > failures else 0.0)
 
     def leave(self) -> None:
-        """A worker that stops: its Uploader flushes what it holds (as ``Uploader.stop`` does)."""
-        if self.version is not None:
-            self.uploader.flush()
-        self.actor.dead = True
+        self.stop.set("stopped")
+
+    def _ended(self, code: int) -> None:
+        """The loop returned: what run_rollout does then (its uploader's stop flushes what is pending)."""
+        self.done = True
+        self.uploader.flush()
+        self._sealed_games()
+
+    def _sealed_games(self) -> None:
+        """The games of the segments just sealed travel in this object: their fold lag starts here."""
+        self.fleet.games_played(self.source.games - self.games_sealed)
+        self.games_sealed = self.source.games
 
 
 class Rank:
-    """One optimizer rank: its ExperienceLoader (``poll_once`` every ``poll_s``) and ExperienceBuffer."""
+    """One optimizer process: rapid's OptimizerLoop with a stand-in learner, its ExperienceLoader and buffer;
+    rank 0 also its BackgroundWriter and LeagueKeeper."""
 
-    def __init__(self, fleet, rank: int, at: float):
-        s = fleet.s
-        self.fleet, self.rank = fleet, rank
-        self.buffer = ExperienceBuffer(fleet.capacity, s.max_staleness)
-        self.loader = fleet.plane.loader(fleet.store, SHAPE, self.buffer, rank, s, lambda: fleet.version)
-        self.batch = None
-        self.actor = fleet.sched.start(Actor(f"rank{rank}", self._run()), at)
+    def __init__(self, fleet: Fleet, rank: int):
+        s, clock, cfg = fleet.s, fleet.clock, fleet.cfg
+        self.fleet, self.rank, self.process = fleet, rank, f"rank{rank}"
+        lead = rank == 0
+        store = fleet.charged(fleet.store)
+        o = cfg.optimizer
+        self.buffer = ExperienceBuffer(o.buffer_samples, o.max_staleness)
+        self.loader = ExperienceLoader(store, SHAPE, self.buffer, rank, s.ranks, read_layout(store) or 1, s.poll_s,
+                                       s.retention_s, decode_workers=0, current_version=lambda: self.loop.version,
+                                       poll_max_s=o.poll_max_s, lookback_s=o.list_lookback_s, sweep_s=o.sweep_s,
+                                       download_threads=o.download_threads, mark_s=o.mark_s, clock=clock.time,
+                                       downloads=InlineDownloads(clock, o.download_threads))
+        self.learner = SimLearner(clock, np.random.default_rng(s.seed * 1000 + rank), s.update_s, o.batch_samples,
+                                  s.update_spread, s.ranks, s.grad_mb * 1e6, s.links, MEASURE_FROM_S, s.sim_s)
+        self.writer = BackgroundWriter(on_done=self._job_done, start=False) if lead else None
+        self.writer_jobs: list[tuple[str, float]] = []  # (kind, simulated seconds) of each job
+        self.publish_lags: list[float] = []  # simulated seconds from a version's decision to its LATEST
+        self._job = ""
+        self.keeper = LeagueKeeper(store, cfg, start=False, clock=clock) if lead else None
+        self.report = SimReport(clock)
+        params = fleet.faults.params_store(store)
+        parts = Parts(self.learner, self.buffer, self.loader, self.writer, params, self.keeper, self.report,
+                      tensors=lambda: PARAM_TENSORS, checkpoint=lambda v: checkpoint_of(v, self.learner.updates),
+                      store=store)
+        self.stop = SimStop(clock)
+        self.loop = OptimizerLoop(cfg, parts, Timing(round_s=5.0, sample_wait_s=0.0, idle_s=0.25), self.stop,
+                                  QUIET, lead, grouped=fleet.group is not None, version=0,
+                                  rng=np.random.default_rng(s.seed + 7919 * rank), clock=clock)
+        self.failure: str | None = None
+        start = fleet.sched.start
+        start(Actor(f"rank{rank}", self._loop(), process=self.process), 0.0)
+        start(Actor(f"loader{rank}", self._loads(), process=self.process), 0.0)
+        if lead:
+            start(Actor("writer", self._writes(), process=self.process), 0.0)
+            if not fleet.faults.keeper_stopped:
+                start(Actor("league", self._league(), process=self.process), 0.0)
 
-    def _run(self):
+    def _loop(self):
+        try:
+            yield from loop_actor(self.fleet.clock, self.loop.run(), self.fleet.group, self.rank)
+        except Exception as e:  # noqa: BLE001 - a rank that raises ends (its peers then wait forever: counted)
+            self.failure = f"{type(e).__name__}: {e}"
+
+    def _loads(self):
         fleet = self.fleet
         while True:
-            t0, store0 = time.thread_time(), fleet.meter.store_cpu
             start = fleet.clock.t()
-            try:
-                self.loader.poll_once()
-            except StoreError:
-                fleet.list_failures += 1  # the loader thread counts it and polls again
+            wait = self.loader.step()
             if start < fleet.s.sim_s:  # the figures cover the run, not the drain after it
-                cpu = time.thread_time() - t0
-                fleet.poll_cpu.append(cpu - (fleet.meter.store_cpu - store0))
-                fleet.poll_cpu_client.append(cpu)
+                fleet.polls += 1
                 fleet.poll_s.append(fleet.clock.t() - start)
-            yield fleet.clock.t() + fleet.plane.next_wait(self.loader)
+            yield fleet.clock.t() + wait
+
+    def _writes(self):
+        while True:
+            start = self.fleet.clock.t()
+            if self.writer.run_next():
+                self.writer_jobs.append((self._job, self.fleet.clock.t() - start))
+                yield self.fleet.clock.t()
+            else:
+                yield self.fleet.clock.t() + 0.1
+
+    def _job_done(self, name: str, seconds: float) -> None:
+        """From rank 0's writer at the end of a job: a version's publish lag is from the loop's decision to
+        here (its object and LATEST stored)."""
+        self._job = name.split()[0]
+        if name.startswith("publish v"):
+            version = int(name.split()[1][1:])
+            self.publish_lags.append(self.fleet.clock.t() - self.report.version_at[version])
+
+    def _league(self):
+        while True:
+            if not self.keeper.has_work():
+                yield self.fleet.clock.t() + 1.0
+                continue
+            retry = self.keeper.step()
+            self.fleet.folded.append((self.fleet.clock.t(), self.keeper.folded_games))
+            yield self.fleet.clock.t() + (retry or 0.0)
 
 
 class Fleet:
-    def __init__(self, s: Settings, store, meter, clock, plane):
-        self.s, self.store, self.meter, self.clock, self.plane = s, store, meter, clock, plane
+    def __init__(self, s: Settings, store, meter, clock, faults: Faults | None = None):
+        self.s, self.store, self.meter, self.clock = s, store, meter, clock
+        self.faults = faults or Faults()
+        self.faults.apply(s, store)
+        self.cfg = s.config()
         self.rng = np.random.default_rng(s.seed)
         self.sched = Scheduler(clock)
-        from rapid.config import LeagueConfig
-
-        self.league_cfg = LeagueConfig(snapshot_every=s.snapshot_every, refresh_s=s.refresh_s)
-        self.template = sample_arrays(s.samples_per_object)
-        per_rank_per_s = s.workers * s.samples_per_object / s.upload_s / s.ranks
-        self.batch = max(1, round(per_rank_per_s * s.update_s))  # reuse ≈ 1 when every sample arrives
-        self.capacity = max(64, 4 * round(per_rank_per_s * s.upload_s))
-        self.version = 0
+        self.template = sample_arrays(s.samples_per_segment)
+        self.group = Group(self.sched, clock, s.ranks, s.links) if s.ranks > 1 else None
         self.stopping = False
-        self.games_sealed: list = []
-        self.pool_games: list = []  # (time, games folded into the pool so far)
-        self._pool_blob = None
-        self.poll_cpu: list = []  # CPU seconds of rapid's code per poll (the store's own excluded)
-        self.poll_cpu_client: list = []  # the same with the store client's (botocore's, on moto)
-        self.poll_s: list = []
-        self.snapshot_failures = self.list_failures = self.restarts = self.churned = 0
-        with clock.acting("start", 0.0):  # what the roles do at start-up, before the first simulated step
-            plane.start(self)
-            self.ranks = [Rank(self, k, 0.0) for k in range(s.ranks)]
-            self.optimizer = Optimizer(self)
+        self.played: list[tuple[float, int]] = []  # (time, games) sealed into experience by the workers
+        self.folded: list[tuple[float, int]] = []  # (time, games folded into the pool so far)
+        self.current: list[float] = []  # share of live workers on the newest or previous version, per sample
+        self.poller_failures = self.snapshot_failures = self.churned = self.polls = 0
+        self.poll_s: list[float] = []  # simulated seconds each loader poll took
+        self.all_workers: list[Worker] = []  # every worker that ever ran (churn replaces some)
+        self._node_root = tempfile.mkdtemp(prefix="fleet-nodes-") if s.workers_per_node else ""
+        self._nodes: dict[int, NodeCachedStore] = {}
+        with clock.acting("start", 0.0):  # what rank 0 does before the first version: the layout, then v0
+            write_layout(store, s.shards or s.ranks)
+            ParameterStore(store).publish(0, PARAM_TENSORS, {**version_meta(self.cfg, 0, 0.0), "env": "fleet"})
+            self.ranks = [Rank(self, k) for k in range(s.ranks)]
             self.workers = {i: Worker(self, i, 0.0) for i in range(s.workers)}
+        self.sched.start(Actor("monitor", self._monitor()), 60.0)
         if s.churn:
             self.sched.start(Actor("churn", self._churn()), s.upload_s)
 
-    def actor(self, name: str, gen) -> Actor:
-        return Actor(name, gen)
+    def charged(self, store):
+        return CpuCharged(store, self.clock, self.meter.latency, self.s.costs)
 
-    def node_store(self, index: int):
-        """What worker ``index`` reads parameters, snapshots and the pool through: its node's cache (rapid's
-        NodeCachedStore on the simulated clock, one folder per ``workers_per_node`` workers) or the store."""
+    def node_store(self, index: int, store):
+        """What worker ``index`` reads parameters, snapshots and the pool through: its node's cache (one folder
+        per ``workers_per_node`` workers, as the shipped Slurm script and Kubernetes manifests give) or the store."""
+        reads = self.faults.reads(store, index, self.s)
         if not self.s.workers_per_node:
-            return self.store
-        import tempfile
-
-        from rapid.node_cache import NodeCachedStore
-        from rapid.store_map import PARAMS_LATEST, POOL_POINTER
-
-        if not hasattr(self, "_node_root"):
-            self._node_root = tempfile.mkdtemp(prefix="fleet-nodes-")
+            return reads
         node = index // self.s.workers_per_node
-        return NodeCachedStore(self.store, f"{self._node_root}/node{node}",
+        return NodeCachedStore(reads, f"{self._node_root}/node{node}",
                                {PARAMS_LATEST: self.s.param_poll_s, POOL_POINTER: self.s.refresh_s},
-                               clock=self.clock.time)
+                               clock=self.clock.time, sleep=self.clock.charge)
 
-    def new_rank(self, rank: int, at: float) -> Rank:
-        return Rank(self, rank, at)
+    def games_played(self, n: int) -> None:
+        if n:
+            self.played.append((self.clock.t(), n))
+
+    def poller_failed(self, why: str) -> None:
+        self.poller_failures += 1
+
+    def snapshot_failed(self) -> None:
+        self.snapshot_failures += 1
+
+    @property
+    def version(self) -> int:
+        return self.ranks[0].loop.version
+
+    def _monitor(self):
+        while self.clock.t() < self.s.sim_s:
+            live = [w.loop.version for w in self.workers.values() if not w.done]
+            if live:
+                newest = self.version
+                self.current.append(sum(v is not None and v >= newest - 1 for v in live) / len(live))
+            yield self.clock.t() + MONITOR_S
 
     def _churn(self):
-        while True:
+        while not self.stopping:
             leaving = self.rng.choice(list(self.workers), size=max(1, round(self.s.churn * len(self.workers))),
                                       replace=False)
             for i in leaving:
@@ -230,18 +378,10 @@ class Fleet:
                 self.churned += 1
             yield self.clock.t() + self.s.upload_s
 
-    def observe_pool(self) -> None:
-        """Games folded into the pool so far (read without a request: the model's own bookkeeping)."""
-        blob = self.store.peek(POOL_POINTER)
-        if blob is None or blob == self._pool_blob:
-            return
-        self._pool_blob = blob
-        state = load_pool(blob, POOL_POINTER)
-        games = state.latest_games + sum(m.games for m in state.members.values())
-        self.pool_games.append((self.clock.t(), games))
-
     def _stop_workers(self):
-        self.stopping = True  # each worker flushes at its next step and stops; ranks go on loading for drain_s
+        self.stopping = True  # each worker's loop ends at its next step and flushes; ranks go on loading
+        for w in self.workers.values():
+            w.leave()
         yield None
 
     def _half(self):

@@ -1,0 +1,123 @@
+"""Known faults the scale model can inject (``--fault NAME[=ARG]``), each to show that a health figure can fail.
+
+- ``params-outage=S``: parameter PUTs answer 500 for S seconds from ``FAULT_AT_S``; moves
+  ``workers_current_share`` and ``writer_wait_s``.
+- ``wrong-meta``: rank 0 publishes a params object whose meta is the update count (an int); moves
+  ``workers_current_share`` (readers refuse it, or the writer refuses to write it and rank 0 stops).
+- ``stale-drop``: ``optimizer.max_staleness = 0``, so the buffer drops what arrives a version late; moves
+  ``trained_share``.
+- ``keeper-stopped``: rank 0's league keeper never runs; moves ``folded_share`` and ``fold_lag_p99_s``.
+- ``one-shard``: every worker writes into shard 0; moves ``updates_share`` (the other ranks starve) and, at
+  thousands of workers, ``list_pages_per_poll``.
+- ``hung-get=S``: from ``FAULT_AT_S`` one reader a node has each ``params/LATEST`` GET hang S seconds, then time
+  out; moves ``poller_failures``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rapid.infra.store import Store, StoreError
+from rapid.param_store import ParameterStore
+from rapid.store_map import PARAMS_LATEST
+
+FAULT_AT_S = 120.0
+"""When the timed faults start: after the first minute, when the healthy figures are measured from."""
+NAMES = ("params-outage", "wrong-meta", "stale-drop", "keeper-stopped", "one-shard", "hung-get")
+
+
+class UsageError(ValueError):
+    """A fault named wrong on the command line."""
+
+
+@dataclass
+class Faults:
+    params_outage_s: float = 0.0
+    wrong_meta: bool = False
+    stale_drop: bool = False
+    keeper_stopped: bool = False
+    one_shard: bool = False
+    hung_get_s: float = 0.0
+
+    @classmethod
+    def parse(cls, specs: list[str]) -> Faults:
+        f = cls()
+        for spec in specs:
+            name, _, arg = spec.partition("=")
+            if name not in NAMES:
+                raise UsageError(f"unknown fault {name!r}; known: {', '.join(NAMES)}")
+            timed = name in ("params-outage", "hung-get")
+            if timed != bool(arg):
+                raise UsageError(f"--fault {name}" + ("=SECONDS needs a duration" if timed else " takes no value"))
+            try:
+                seconds = float(arg) if timed else 0.0
+            except ValueError:
+                raise UsageError(f"--fault {spec}: {arg!r} is not a number of seconds") from None
+            if name == "params-outage":
+                f.params_outage_s = seconds
+            elif name == "hung-get":
+                f.hung_get_s = seconds
+            else:
+                setattr(f, name.replace("-", "_"), True)
+        return f
+
+    def names(self) -> list[str]:
+        out = [f"params-outage={self.params_outage_s:g}"] if self.params_outage_s else []
+        out += [n for n in ("wrong-meta", "stale-drop", "keeper-stopped", "one-shard")
+                if getattr(self, n.replace("-", "_"))]
+        return out + ([f"hung-get={self.hung_get_s:g}"] if self.hung_get_s else [])
+
+    def apply(self, settings, store) -> None:
+        """What is set before the fleet starts."""
+        if self.stale_drop:
+            settings.max_staleness = 0
+        if self.params_outage_s:
+            store.fail_puts("params/", FAULT_AT_S, FAULT_AT_S + self.params_outage_s)
+
+    def params_store(self, store) -> ParameterStore:
+        return WrongMeta(store) if self.wrong_meta else ParameterStore(store)
+
+    def reads(self, store, index: int, settings) -> Store:
+        """What worker ``index`` reads params through (one reader a node hangs, with ``hung-get``)."""
+        every = settings.workers_per_node or 64
+        return HungGets(store, self.hung_get_s) if self.hung_get_s and index % every == 0 else store
+
+
+class WrongMeta(ParameterStore):
+    """The scale model's old bug, as a fault: the update count passed where the meta dict belongs."""
+
+    def publish(self, version: int, tensors, meta) -> None:
+        super().publish(version, tensors, meta["updates"])
+
+
+class HungGets(Store):
+    """A reader whose GETs of ``params/LATEST`` hang ``seconds`` (a stopped server that accepts the connection)
+    and then fail with a read timeout, from ``FAULT_AT_S`` on."""
+
+    def __init__(self, inner, seconds: float):
+        self.inner, self.seconds, self.url = inner, seconds, inner.url
+        self.clock = inner.clock
+
+    def get(self, key: str, *args, **kwargs) -> bytes:
+        if key == PARAMS_LATEST and self.clock.t() >= FAULT_AT_S:
+            self.clock.charge(self.seconds)
+            raise StoreError(f"get {key}: read timeout after {self.seconds:g}s")
+        return self.inner.get(key, *args, **kwargs)
+
+    def put(self, key: str, data: bytes) -> None:
+        self.inner.put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        return self.inner.put_if_absent(key, data)
+
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
+        return self.inner.list(prefix, start_after=start_after)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def describe(self) -> str:
+        return self.inner.describe()

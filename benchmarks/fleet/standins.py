@@ -1,0 +1,206 @@
+"""What the scale model puts where rapid would run an env, a policy, a learner or a metrics server.
+
+Everything on the data path is rapid's own (loops, uploader, poller, loader, buffer, writer, league keeper,
+node cache); these stand-ins only produce samples, take updates and swallow metrics, and charge the simulated
+clock what the real thing costs: a segment of env steps (``segment_s``), an update (``update_s`` with a
+straggler's spread, plus the gradient all-reduce), and the CPU of decoding, listing, encoding and the pool's
+JSON (:class:`Costs`, measured by ``benchmarks/fleet/costs.py``), each charged to the process that spends it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rapid.errors import FormatError
+from rapid.formats.checkpoint import Checkpoint
+from rapid.infra.store import Store, StoreError
+from rapid.rollout_worker import Segment
+
+from .drive import Links
+from .store import family
+
+PARAM_TENSORS = {"w": np.zeros(1024, np.float32)}
+
+
+@dataclass
+class Costs:
+    """CPU seconds of the work the model does with small objects standing in for big ones (per modelled MB,
+    per LIST page). Defaults: this machine's figures (``python benchmarks/fleet/costs.py``; BENCHMARKS.md)."""
+
+    decode_s_per_mb: float = 1.9e-3
+    list_page_s: float = 0.048
+    encode_s_per_mb: float = 2.2e-3
+    pool_json_s_per_kb: float = 1.6e-4
+
+
+class CpuCharged(Store):
+    """A store as one process sees it: every answer costs that process CPU (a GET of an experience object is
+    decoded, a LIST page parsed, a params or checkpoint PUT encoded, the pool's JSON parsed or written)."""
+
+    def __init__(self, inner, clock, latency, costs: Costs):
+        self.inner, self.clock, self.latency, self.costs = inner, clock, latency, costs
+        self.url = inner.url
+
+    def _mb(self, key: str, n: int) -> float:
+        return self.latency.bytes(key, n) / 1e6
+
+    def _cpu(self, key: str, n: int, writing: bool) -> None:
+        fam, c = family(key), self.costs
+        if fam == "experience" and not writing:
+            self.clock.cpu(c.decode_s_per_mb * self._mb(key, n))
+        elif fam in ("params", "checkpoints", "league/snapshots") and writing:
+            self.clock.cpu(c.encode_s_per_mb * self._mb(key, n))
+        elif fam == "league/pool":
+            self.clock.cpu(c.pool_json_s_per_kb * n / 1e3)
+
+    def put(self, key: str, data: bytes) -> None:
+        self._cpu(key, len(data), True)
+        self.inner.put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        self._cpu(key, len(data), True)
+        return self.inner.put_if_absent(key, data)
+
+    def get(self, key: str, *args, **kwargs) -> bytes:
+        data = self.inner.get(key, *args, **kwargs)
+        self._cpu(key, len(data), False)
+        return data
+
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
+        keys = self.inner.list(prefix, start_after=start_after)
+        self.clock.cpu(self.costs.list_page_s * max(1, -(-len(keys) // 1000)))
+        return keys
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+
+class SimLearner:
+    """The learner's place in ``OptimizerLoop``: an update of ``batch`` samples takes ``update_s × batch /
+    nominal_batch`` (a learner's time grows with its batch; spread by a rank's straggling, lognormal
+    ``spread``) plus the gradient all-reduce of ``grad_bytes`` over the ranks. ``busy_s`` sums the time spent
+    updating after ``measure_from`` (simulated seconds) and before ``measure_to``."""
+
+    def __init__(self, clock, rng, update_s: float, nominal_batch: int, spread: float, ranks: int,
+                 grad_bytes: float, links: Links, measure_from: float, measure_to: float):
+        self.clock, self.rng, self.update_s, self.spread = clock, rng, update_s, spread
+        self.nominal_batch = nominal_batch
+        self.allreduce_s = links.all_reduce_s(ranks, grad_bytes)
+        self.measure_from, self.measure_to = measure_from, measure_to
+        self.updates = 0
+        self.skipped = 0
+        self.busy_s = 0.0
+
+    def update(self, arrays: dict, progress: float) -> dict:
+        start = self.clock.t()
+        spread = float(self.rng.lognormal(0.0, self.spread)) if self.spread else 1.0
+        self.clock.cpu(self.update_s * spread * int(arrays["version"].shape[0]) / self.nominal_batch)
+        self.clock.charge(self.allreduce_s)
+        self.updates += 1
+        if self.measure_from <= start < self.measure_to:
+            self.busy_s += self.clock.t() - start
+        return {"skipped": False, "loss": 0.0}
+
+
+def checkpoint_of(version: int, updates: int) -> Checkpoint:
+    """A checkpoint of the stand-in's weights with a real Adam state (one step of torch's Adam over them)."""
+    w = torch.nn.Parameter(torch.zeros(PARAM_TENSORS["w"].shape))
+    adam = torch.optim.Adam([w])
+    w.grad = torch.ones_like(w)
+    adam.step()
+    return Checkpoint.from_torch(version, updates, PARAM_TENSORS, adam.state_dict())
+
+
+class SimReport:
+    """The optimizer's report, counting: versions made (and when) and updates reported (no metrics server, no
+    log)."""
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.versions, self.updates, self.failures = 0, 0, []
+        self.staleness: dict[int, int] = {}
+        self.version_at: dict[int, float] = {}  # version → when the loop made it (and queued its publish)
+
+    def version(self, version: int) -> None:
+        self.versions = version
+        self.version_at[version] = self.clock.t()
+
+    def update(self, updates, version, stats, staleness, decision, wait_s) -> None:
+        self.updates = updates
+        for s in np.asarray(staleness).tolist():
+            self.staleness[int(s)] = self.staleness.get(int(s), 0) + 1
+
+    def update_failed(self, error: BaseException) -> None:
+        self.failures.append(repr(error))
+
+    def loader_failed(self, failure: str) -> None:
+        self.failures.append(failure)
+
+    def skipped_nonfinite(self, total: int) -> None:
+        """Never: the stand-in learner's losses are finite."""
+
+    def writer_done(self, job: str, seconds: float) -> None:
+        """Timed by the model from the writer's actor instead."""
+
+
+class NullMetrics:
+    """A role's metrics object that records nothing (4,096 Prometheus registries would measure the model)."""
+
+    def __getattr__(self, name: str):
+        return _ignore
+
+
+def _ignore(*args, **kwargs) -> None:
+    return None
+
+
+class SimSource:
+    """The rollout worker's place in ``RolloutLoop``: ``collect`` takes ``segment_s`` of simulated time and gives
+    a segment of samples stamped with the version it plays, and the games that ended in it, each against an
+    opponent the real league sampler chose at the game's start (a snapshot's weights loaded as the real
+    worker does)."""
+
+    def __init__(self, clock, rng, template: dict, sampler, segment_s: float, games_per_segment: float,
+                 on_snapshot_failure):
+        self.clock, self.rng, self.template, self.sampler = clock, rng, template, sampler
+        self.segment_s, self.games_per_segment = segment_s, games_per_segment
+        self.on_snapshot_failure = on_snapshot_failure
+        self.version: int | None = None
+        self.games_due = 0.0
+        self.games = 0
+
+    def set_params(self, version: int, tensors: dict, meta: dict) -> None:
+        if set(tensors) != set(PARAM_TENSORS):
+            raise ValueError("parameters do not match the model")
+        self.version = version
+
+    def collect(self) -> Segment:
+        self.clock.charge(self.segment_s)
+        self.sampler.refresh()
+        self.games_due += self.games_per_segment
+        n_games, self.games_due = int(self.games_due), self.games_due - int(self.games_due)
+        games = [self.sampler.choose(self.rng) for _ in range(n_games)]
+        for g in games:
+            if g.kind == "snapshot":
+                try:
+                    self.sampler.load_params(g.id)
+                except (StoreError, FormatError, ValueError, KeyError):  # rapid's worker plays the latest instead
+                    self.on_snapshot_failure()
+        opponents = sorted({g.id for g in games}) or ["latest"]
+        arrays = {k: v.copy() for k, v in self.template.items()}
+        arrays["version"][:] = self.version
+        arrays["opponent"][:] = np.arange(len(arrays["opponent"])) % len(opponents)
+        episodes = [{"learner_version": self.version, "opponent": g.id, "learner_side": i % 2,
+                     "winner": ("learner", "opponent", "draw")[int(self.rng.integers(3))], "length": 1000,
+                     "learner_return": 0.0} for i, g in enumerate(games)]
+        self.games += len(episodes)
+        return Segment(arrays, opponents, episodes, env_steps=16 * len(arrays["version"]))
