@@ -1,7 +1,7 @@
 """Training curves for TensorBoard and Weights & Biases, beside the Prometheus metrics.
 
-Rank 0 of the optimizer (losses, KL, entropy, throughput, staleness, reuse, game results, by update) and the
-evaluator (win rates and ratings, by version) each hand their figures to a ``Curves``, which writes them
+The evaluator (win rates and ratings, by version) and an optimizer report given curves (rank 0's: losses, KL,
+entropy, throughput, staleness, reuse, game results, by update) hand their figures to a ``Curves``, which writes them
 through the libraries themselves: ``torch.utils.tensorboard`` event files under ``RUN_DIR/logs/tb/`` (one
 TensorBoard run per run directory: ``tensorboard --logdir RUN_DIR/logs/tb``), and ``wandb`` in offline or
 online mode, one W&B run per role, grouped by the run.

@@ -26,6 +26,9 @@ EPILOG = """examples:
   rapid eval --run-dir runs/run --against random --games 400
   rapid league ls --run-dir runs/run
   rapid config show --config configs/moba-1v1.toml --set ppo.lr=1e-4
+  rapid export --run-dir runs/run --format onnx --out policy.onnx
+  rapid play --run-dir runs/run                      # you against the policy (connect four, tictactoe)
+  rapid watch --run-dir runs/moba --against lane     # a moba match live in the browser
   mpiexec -n 4 rapid-optimizer --config run.toml --set store.url=s3://bucket/run
 """
 

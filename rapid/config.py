@@ -258,9 +258,9 @@ class MetricsConfig:
     addr: str = "127.0.0.1"
     """Address the /metrics servers listen on (0.0.0.0: reachable from other machines)."""
     tensorboard: bool = True
-    """Write TensorBoard event files under RUN_DIR/logs/tb/: optimizer rank 0's losses, KL, entropy, throughput,
-    staleness and reuse by update, the evaluator's win rates and ratings by version (`tensorboard --logdir
-    RUN_DIR/logs/tb`)."""
+    """Write TensorBoard event files under RUN_DIR/logs/tb/ (`tensorboard --logdir RUN_DIR/logs/tb`): the
+    evaluator's win rates and ratings by version, and the curves of an optimizer report given them
+    (``OptimizerReport(curves=…)``: losses, KL, entropy, throughput, staleness, reuse by update)."""
     wandb: str = ""
     """Log the same curves to Weights & Biases: 'offline' (files under RUN_DIR/logs/wandb/; `wandb sync` them
     later) or 'online' (after `wandb login`); needs `pip install 'rapid[wandb]'`. Project: $WANDB_PROJECT,
