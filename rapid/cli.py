@@ -415,7 +415,10 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, LayoutError) as e:  # LayoutError: a launcher's variables or devices that cannot run
         print(f"rapid: error: {e}", file=sys.stderr)
         return 2
-    except (StoreError, FormatError) as e:
+    except FormatError as e:  # bad input, as a bad argument is
+        print(f"rapid: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except StoreError as e:
         print(f"rapid: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -177,9 +177,11 @@ def play_match(env: VecMultiAgentEnv, player_a: Player, player_b: Player, games:
 def load_policy(cfg: Config, spec: EnvSpec, params: ParameterStore, version: int) -> Policy:
     policy = build_policy(cfg, spec)
     try:
-        policy.load_tensors(params.fetch(version).tensors)
+        tensors = params.fetch(version).tensors  # a corrupt object is a FormatError of its own, not a misfit
     except KeyNotFound:
         raise UsageError(f"parameter version {version} is not in the store") from None
+    try:
+        policy.load_tensors(tensors)
     except ValueError as e:
         raise UsageError(f"parameter version {version} does not fit this config's model ({e}): was it trained "
                          "with other model settings?") from None

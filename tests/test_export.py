@@ -192,3 +192,8 @@ def test_export_refusals_are_one_line(exported, tmp_path, monkeypatch, capsys):
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "p.onnx").exists()
+    (Path(run) / "store" / "params" / "000000000001.rpm").write_bytes(b"not a params object")
+    assert main(["export", "--run-dir", run, "--version", "1", "--out", str(tmp_path / "p.pt")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rapid: FormatError: ") and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "p.pt").exists()
