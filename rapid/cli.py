@@ -1,7 +1,7 @@
 """The `rapid` command and its role entry points (`rapid-optimizer`, `rapid-rollout`, `rapid-league`).
 
-Bad arguments or configuration print one line and exit with code 2; an unreachable store exits 1 with
-one line; neither dumps a traceback.
+Bad arguments or configuration, and a corrupt stored object a command reads, print one line and exit with code 2;
+an unreachable store exits 1 with one line; none dumps a traceback.
 """
 
 from __future__ import annotations
