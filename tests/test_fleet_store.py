@@ -40,18 +40,18 @@ def attempts(meter: Meter) -> int:
 # -- (a) an overwrite serves the old bytes until the new PUT completes ----------------------------------------
 
 def test_an_overwrite_serves_the_old_bytes_until_the_new_put_completes():
-    clock, meter, store = model()
+    slow_puts = Latency({"PUT": 1.0, "GET": 0.02, "HEAD": 0.01, "DELETE": 0.01, "LIST": 0.1}, 100e6, {})
+    clock, meter, store = model(slow_puts)
     with clock.acting("writer", 0.0):
         store.put("league/pool/LATEST", b"old")
     with clock.acting("writer", 10.0):
-        clock.charge(5.0)  # a slow link: this PUT is in flight from 15 s and completes at 15.02 s
-        store.put("league/pool/LATEST", b"new")
-        assert clock.t() == pytest.approx(15.02)
-    with clock.acting("reader", 12.0):  # scheduled after the writer's step, but reading before its PUT completed
+        store.put("league/pool/LATEST", b"new")  # in flight from 10 s, complete at 11 s
+        assert clock.t() == pytest.approx(11.0)
+    with clock.acting("reader", 10.5):  # run after the writer's step, reading while its PUT is in flight
         assert store.get("league/pool/LATEST") == b"old"
         assert store.exists("league/pool/LATEST")
         assert store.list("league/pool/") == ["league/pool/LATEST"]
-    with clock.acting("reader", 15.5):
+    with clock.acting("reader", 11.5):
         assert store.get("league/pool/LATEST") == b"new"
     assert store.peek("league/pool/LATEST") == b"new" and store.live()["league/pool"][0] == 1
 

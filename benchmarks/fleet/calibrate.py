@@ -1,6 +1,7 @@
 """Calibration of the S3 model against a real S3 server (moto_server on loopback).
 
-    python benchmarks/bench_fleet.py --calibrate [--minutes 5]
+    python benchmarks/bench_fleet.py --calibrate [--minutes 5]      # all four steps
+    cd benchmarks && python -m fleet.calibrate [--requests 300]      # steps 1-3 only (about a minute)
 
 1. **Latency.** :func:`measure` times every op on moto (wall clock around each ``S3Store`` call, so botocore's
    own time is in it, as a caller waits for it); :func:`fit` makes the model's per-op mean and lognormal σ
@@ -165,7 +166,7 @@ def calibrate_store(n: int = 300, out=print) -> dict:
         listing = _listing(moto, meter, time.perf_counter, writer=s3("m"))
         raw = s3("b")
         counts: collections.Counter = collections.Counter()
-        raw._client.meta.events.register_first("before-send.s3.PutObject", _slowdown_hook(counts))
+        raw.client.meta.events.register_first("before-send.s3.PutObject", _slowdown_hook(counts))
         burst = {**_burst(raw, time.perf_counter), "attempts": counts["attempts"], THROTTLE: counts[THROTTLE]}
     finally:
         stop(proc)
@@ -180,11 +181,11 @@ def calibrate_store(n: int = 300, out=print) -> dict:
         model_listing = _listing(ModelStore(meter, seed=1), meter, clock.t)
     meter = Meter(clock, latency, math.inf, math.inf)
     with clock.acting("burst", clock.t()):
-        model_burst = ModelStore(meter, write_limit=BURST_LIMIT, seed=1)
-        b = _burst(model_burst, clock.t)
+        b = _burst(ModelStore(meter, write_limit=BURST_LIMIT, seed=1), clock.t)
     model_burst = {**b, "attempts": sum(meter.requests.values()), THROTTLE: sum(meter.throttled.values())}
 
-    result = {"fit": fitted, "moto": {op: _stats(v) for op, v in took.items()},
+    result = {"load": " ".join(Path("/proc/loadavg").read_text().split()[:3]), "fit": fitted,
+              "moto": {op: _stats(v) for op, v in took.items()},
               "model": {op: _stats(v) for op, v in model_took.items()},
               "listing": {"moto": listing, "model": model_listing}, "burst": {"moto": burst, "model": model_burst}}
     _print_store(result, n, out)
@@ -193,7 +194,7 @@ def calibrate_store(n: int = 300, out=print) -> dict:
 
 def _print_store(r: dict, n: int, out) -> None:
     out(f"\n=== latency, ms: moto_server on loopback (wall clock) vs the model fitted to it; {n} requests an op, "
-        f"{2 * n} PUTs (half overwrites), LISTs of {SMALL_LIST} keys ===")
+        f"{2 * n} PUTs (half overwrites), LISTs of {SMALL_LIST} keys; load {r['load']} ===")
     out(f"{'op':<8}" + "".join(f"{'moto ' + s:>12}" for s in ("mean", "p50", "p99", "p99.9", "sigma"))
         + "".join(f"{'model ' + s:>12}" for s in ("mean", "p99")) + f"{'p99/p50':>9}{'p99 m/m':>9}")
     for op in OPS:
@@ -241,3 +242,19 @@ def calibrate(a, run_once, out=print) -> dict:
     tm, td = sum(v[0] for v in by_family.values()), sum(v[1] for v in by_family.values())
     out(f"{'all':<28}{tm:>10,}{td:>10,}{td / tm:>12.3f}")
     return {"store": store, "requests": {k: dict(zip(("moto", "model"), v)) for k, v in by_family.items()}}
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description="Measure moto_server's latency and fit the S3 model to it.")
+    p.add_argument("--requests", type=int, default=300, help="requests an op")
+    a = p.parse_args(argv)
+    if a.requests < 2 * SMALL_LIST:
+        p.error(f"--requests must be at least {2 * SMALL_LIST}")
+    calibrate_store(a.requests)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -337,7 +337,7 @@ class MeteredS3(Store):
         self.root = f"{inner.prefix}/" if inner.prefix else ""
         self._started: tuple[str, str, float] | None = None
         # S3Store keeps its client private; a benchmark may look inside to count what goes on the wire.
-        events = inner._client.meta.events
+        events = inner.client.meta.events
         events.register("provide-client-params.s3", self._on_call)
         events.register("after-call.s3", self._on_done)
 
@@ -411,7 +411,7 @@ class MeteredS3(Store):
         out: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
         self.meter.muted = True
         try:
-            pages = self.inner._client.get_paginator("list_objects_v2").paginate(Bucket=self.inner.bucket,
+            pages = self.inner.client.get_paginator("list_objects_v2").paginate(Bucket=self.inner.bucket,
                                                                                   Prefix=self.root)
             for page in pages:
                 for obj in page.get("Contents", ()):
