@@ -73,10 +73,13 @@ def test_optimizer_report_writes_its_record_as_curves(tmp_path):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    """A short `rapid train --in-process` with the evaluator on and W&B offline: TensorBoard is on by default."""
+    """A short `rapid train --in-process` with the evaluator on and W&B offline: TensorBoard is on by default. It
+    stops at the first evaluation with a win (an untrained policy loses all 20 games to random about once in a
+    million runs), so at least one evaluation is written however loaded the machine is."""
     run = tmp_path_factory.mktemp("curves") / "c4"
-    rapid("train", "--in-process", "--config", "configs/default.toml", "--run-dir", str(run), "--updates", "4",
-          "--workers", "1", "--no-progress", *FAST, "--set", "eval.interval_s=0.5", "--set", "eval.games=10",
+    rapid("train", "--in-process", "--config", "configs/default.toml", "--run-dir", str(run), "--minutes", "3",
+          "--set", "run.target_win_rate=0.01", "--workers", "1", "--no-progress", *FAST, "--set", "eval.interval_s=0.5",
+          "--set", "eval.games=20",
           "--set", "eval.pool_games=0", "--set", "model.hidden=32", "--set", "model.lstm=32",
           "--set", 'metrics.wandb="offline"', timeout=240)
     return run
