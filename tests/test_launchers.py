@@ -1,9 +1,9 @@
 """Every launcher's environment, injected: the identity rapid reads from it (rank, world size, local rank, local
 size) and the device a rank then takes; the check that refuses two ranks on one GPU by their UUIDs, over a real
-torch key-value store. The environments are what each launcher sets: MPICH's, torchrun's and srun's (one node,
-and a heterogeneous step over two) as captured from the real ones on this machine (Debian's Slurm 22.05 for
-srun), the multi-node and Open MPI ones from their documentation, with the variables that must not be read
-(SLURM_NTASKS_PER_NODE) included where the launcher sets them."""
+torch key-value store. The environments are what each launcher sets: MPICH's, torchrun's and a heterogeneous
+srun step's as captured from the real ones on this machine (Debian's Slurm 22.05 for srun; the real srun itself
+runs in tests/test_srun_identity.py), the multi-node srun, Open MPI and MPIJob ones from their documentation,
+with the variables that must not be read (SLURM_NTASKS_PER_NODE) included where the launcher sets them."""
 
 from __future__ import annotations
 
