@@ -54,11 +54,11 @@ class Acted(NamedTuple):
 
 class TrainedPolicy:
     """A published parameter version of a run, ready to act: the observation normalizer is inside it, and
-    the LSTM state is yours to carry (one row per agent; zeros at the start of each of its games)."""
+    the LSTM state is yours to carry (one row per agent; zeros at the start of each of its games). ``model`` is
+    the torch module (``rapid.opt.model.Policy``, in eval mode), ``spec`` the env's shape, ``config`` the run's."""
 
     def __init__(self, model, spec: EnvSpec, config: Config, version: int):
         self.model, self.spec, self.config, self.version = model, spec, config, version
-        """``model`` is the torch module (``rapid.opt.model.Policy``) in eval mode."""
 
     @property
     def env_name(self) -> str:
@@ -135,8 +135,7 @@ def source_config(source: str | os.PathLike, config: Config | str | os.PathLike 
     cfg = config if isinstance(config, Config) else load_config(config)
     if "://" not in text and not Path(text).is_dir():
         raise UsageError(f"{text}: no such store")
-    cfg.store.url = text
-    return cfg
+    return replace(cfg, store=replace(cfg.store, url=text))
 
 
 def run_dir_config(run_dir: str | os.PathLike | None, extra: list[str] = ()) -> Config:

@@ -29,6 +29,7 @@ the agent plays ...
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -91,7 +92,7 @@ def play_game(policy: TrainedPolicy, agent_first: bool = False, greedy: bool = T
     env.reset(seed=seed)
     agent_name, person = (env.possible_agents if agent_first else env.possible_agents[::-1])
     agent = PettingZooAgent(policy, env, agents=[agent_name], greedy=greedy)
-    game = policy.env_name.rsplit(".", 1)[-1].removesuffix("_v3").replace("_", " ")
+    game = re.sub(r"_v[0-9]+$", "", policy.env_name.rsplit(".", 1)[-1]).replace("_", " ")  # connect_four_v3
     write(f"{game}: you are X and move {'second' if agent_first else 'first'}; the agent (v{policy.version}) is O.")
     final: dict[str, float] = {}
     last_view = None

@@ -51,6 +51,8 @@ def test_load_policy_from_run_dir_and_store_url(c4_run):
     params.publish(2, policy.model.tensors())
     assert load_policy(c4_run).version == 2 and load_policy(c4_run, "v1").version == 1
     by_url = load_policy(c4_run / "store", 1, config=c4_run / "config.toml")
+    cfg = load_config(c4_run / "config.toml")
+    assert load_policy(c4_run / "store", "v2", config=cfg).version == 2 and cfg.store.url == "", "the caller's Config"
     obs = np.random.default_rng(0).normal(size=(3, 84)).astype(np.float32)
     a, b = (p.act(obs, None, p.initial_state(3), greedy=True) for p in (policy, by_url))
     np.testing.assert_array_equal(a.actions, b.actions)
