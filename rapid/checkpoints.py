@@ -38,11 +38,11 @@ import copy
 import logging
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from rapid.errors import FormatError, UsageError
 from rapid.formats.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
+from rapid.formats.checkpoint import check_checkpoint as check_checkpoint  # surgery checks before it stages
 from rapid.infra.store import KeyNotFound, Store
 from rapid.param_store import ParameterStore
 from rapid.store_map import (
@@ -63,40 +63,13 @@ _UNUSABLE = (FormatError, ValueError, KeyError, TypeError, IndexError, RuntimeEr
 """What a bad checkpoint raises while it is decoded, checked or loaded into torch."""
 
 
-def check_checkpoint(ckpt: Checkpoint) -> None:
-    """FormatError unless every number is finite and the Adam state is consistent (no model needed)."""
-    for name, value in ckpt.model.items():
-        if np.asarray(value).dtype.kind == "f" and not np.isfinite(value).all():
-            raise FormatError(f"checkpoint v{ckpt.version}: weight {name!r} has non-finite values")
-    claimed: set[int] = set()
-    for group in ckpt.adam.get("param_groups", []):
-        params = group.get("params", []) if isinstance(group, dict) else []
-        if claimed & set(params) or len(set(params)) != len(params):
-            raise FormatError(f"checkpoint v{ckpt.version}: a parameter is in two Adam groups")
-        claimed |= set(params)
-        for key in ("lr", "eps", "weight_decay"):
-            if key in group and not np.isfinite(group[key]):
-                raise FormatError(f"checkpoint v{ckpt.version}: Adam {key} is not finite")
-    for index, entry in ckpt.adam.get("state", {}).items():
-        if index not in claimed:
-            raise FormatError(f"checkpoint v{ckpt.version}: Adam state for parameter {index} in no group")
-        for name, value in entry.items():
-            value = np.asarray(value)
-            if value.dtype.kind in "fiu" and not np.isfinite(value).all():
-                raise FormatError(f"checkpoint v{ckpt.version}: Adam {name} of parameter {index} is not finite")
-            if name in ("step", "exp_avg_sq") and (value < 0).any():
-                raise FormatError(f"checkpoint v{ckpt.version}: Adam {name} of parameter {index} is negative")
-        shapes = {np.shape(v) for k, v in entry.items() if k != "step"}
-        if len(shapes) > 1:
-            raise FormatError(f"checkpoint v{ckpt.version}: Adam moments of parameter {index} differ in shape")
-
-
 def save_checkpoint(store: Store, ckpt: Checkpoint, keep: int) -> str:
-    """Write the checkpoint, move ``checkpoints/LATEST``, keep the newest ``keep``. A checkpoint with a
-    non-finite number is refused (FormatError) and nothing is written: the older ones stay the newest."""
-    check_checkpoint(ckpt)
+    """Write the checkpoint, move ``checkpoints/LATEST``, keep the newest ``keep``. A checkpoint that a reader
+    would refuse (a non-finite number, an inconsistent Adam state) is refused (FormatError) and nothing is
+    written: the older ones stay the newest."""
+    data = encode_checkpoint(ckpt)
     key = checkpoint_key(ckpt.version)
-    store.put(key, encode_checkpoint(ckpt))
+    store.put(key, data)
     write_version_pointer(store, CHECKPOINTS_LATEST, ckpt.version)
     for stale in checkpoint_versions(store)[:-keep]:
         store.delete(checkpoint_key(stale))
@@ -113,7 +86,6 @@ def load_checkpoint(store: Store, version: int) -> Checkpoint:
     ckpt = decode_checkpoint(store.get(checkpoint_key(version)))
     if ckpt.version != version:
         raise FormatError(f"{checkpoint_key(version)} holds version {ckpt.version}")
-    check_checkpoint(ckpt)
     return ckpt
 
 

@@ -41,14 +41,19 @@ class ParameterStore:
         self._pruned_below: int | None = None
 
     def publish(self, version: int, tensors: dict[str, np.ndarray], meta: dict | None = None) -> None:
-        for name, value in tensors.items():  # readers would reject it: never publish it
-            if np.asarray(value).dtype.kind == "f" and not np.isfinite(value).all():
-                raise ValueError(f"refusing to publish v{version}: tensor {name!r} has non-finite values")
-        self.publish_encoded(version, encode_params(ParamsObject(version, tensors, meta or {})))
+        """FormatError, and nothing written, for an object that readers would refuse (a non-finite tensor, a
+        ``meta`` that is not a map): every worker would skip it and stay on the version before."""
+        self._put_version(version, encode_params(ParamsObject(version, tensors, meta or {})))
 
     def publish_encoded(self, version: int, data: bytes) -> None:
         """Publish the bytes of an encoded params object of ``version`` (surgery stages them before its commit
-        and publishes them after it; publishing the same bytes again is a no-op)."""
+        and publishes them after it; publishing the same bytes again is a no-op). They were encoded elsewhere
+        and have been in the store since, so they are decoded and checked first, as a reader would."""
+        if decode_params(data).version != version:
+            raise FormatError(f"the object to publish as v{version} holds another version")
+        self._put_version(version, data)
+
+    def _put_version(self, version: int, data: bytes) -> None:
         if not self.store.put_if_absent(params_key(version), data):
             # A retry after an ambiguous failure (the PUT landed, its answer was lost) finds its own bytes:
             # that is this publish succeeding, not a reused version.

@@ -113,6 +113,7 @@ def play_game(policy: TrainedPolicy, agent_first: bool = False, greedy: bool = T
             write("legal moves: " + " ".join(map(str, legal)))
             move = _ask(read, write, legal)
             if move is None:
+                write("game abandoned")
                 env.close()
                 return "abandoned"
         env.step(move)

@@ -60,6 +60,7 @@ LEGACY_RESULTS_PREFIX = "league/results/"
 """Match-result objects of rapid before the sharded layout: no longer written or folded."""
 LAYOUT = "layout.json"
 LOADER_MARKS_PREFIX = "loader/"
+MAX_MARK_BYTES = 1 << 20
 LEASE_PREFIX = "optimizer/lease/"
 SURGERY_PREFIX = "surgery/"
 
@@ -103,22 +104,36 @@ def read_loader_mark(store: Store, key: str) -> tuple[int, set[str]] | None:
     """(t, keys): every object of the shard named before t (ms) was loaded, and so were ``keys`` named after
     it; None if there is no mark, FormatError if it is garbled."""
     try:
-        raw = store.get(key, max_bytes=1 << 20)
+        raw = store.get(key, max_bytes=MAX_MARK_BYTES)
     except KeyNotFound:
         return None
     try:
         doc = load_json(raw)
-        mark, loaded = doc.get("loaded_through_ms"), doc.get("loaded_after", [])
-    except (ValueError, UnicodeDecodeError, AttributeError):
-        mark, loaded = None, None
-    if (not isinstance(mark, int) or isinstance(mark, bool) or mark < 0 or not isinstance(loaded, list)
-            or not all(isinstance(k, str) for k in loaded)):
-        raise FormatError(f"{key} is not a loader mark")
-    return mark, set(loaded)
+    except (ValueError, UnicodeDecodeError):
+        doc = None
+    return _loader_mark(doc, key)
 
 
 def write_loader_mark(store: Store, key: str, through_ms: int, loaded_after: list[str]) -> None:
-    store.put(key, json.dumps({"loaded_through_ms": int(through_ms), "loaded_after": sorted(loaded_after)}).encode())
+    """FormatError, and nothing written, for a mark that :func:`read_loader_mark` would refuse. A time before
+    0 (a clock that starts at 0, less the look-back) says the same as 0: no key is named before either."""
+    doc = {"loaded_through_ms": max(0, int(through_ms)), "loaded_after": sorted(loaded_after)}
+    _loader_mark(doc, key)
+    data = json.dumps(doc).encode()
+    if len(data) > MAX_MARK_BYTES:
+        raise FormatError(f"{key}: a loader mark of {len(data)} bytes, limit {MAX_MARK_BYTES}")
+    store.put(key, data)
+
+
+def _loader_mark(doc, key: str) -> tuple[int, set[str]]:
+    """The reader's rules, which the writer runs too."""
+    mark, loaded = None, None
+    if isinstance(doc, dict):
+        mark, loaded = doc.get("loaded_through_ms"), doc.get("loaded_after", [])
+    if (not isinstance(mark, int) or isinstance(mark, bool) or not 0 <= mark < 1 << 63 or not isinstance(loaded, list)
+            or not all(isinstance(k, str) for k in loaded)):
+        raise FormatError(f"{key} is not a loader mark")
+    return mark, set(loaded)
 
 
 def shard_of(name: str, shards: int) -> int:
@@ -272,8 +287,12 @@ def load_json(data: bytes):
 
 
 def write_version_pointer(store: Store, key: str, version: int) -> None:
-    """A ``LATEST``-style pointer: the version number as ASCII text."""
-    store.put(key, str(int(version)).encode("ascii"))
+    """A ``LATEST``-style pointer: the version number as ASCII text (FormatError, and nothing written, for one
+    that :func:`read_version_pointer` would refuse)."""
+    text = str(int(version))
+    if _parse(_POINTER, text) is None:
+        raise FormatError(f"{key}: {text[:32]} is not a version number")
+    store.put(key, text.encode("ascii"))
 
 
 def read_version_pointer(store: Store, key: str) -> int | None:
@@ -297,8 +316,8 @@ _RUN_ID = re.compile(r"[0-9a-f]{0,32}", re.ASCII)
 
 def write_layout(store: Store, shards: int) -> int:
     """Record the run's experience shard count and a run id once (the first writer wins); returns the count in
-    force."""
-    doc = {"format": LAYOUT_FORMAT, "version": 1, "experience_shards": int(shards), "run_id": uuid.uuid4().hex}
+    force. FormatError, and nothing written, for a count that :func:`read_run` would refuse."""
+    doc = _layout(int(shards), uuid.uuid4().hex)
     if store.put_if_absent(LAYOUT, json.dumps(doc).encode()):
         return int(shards)
     found = read_layout(store)
@@ -318,10 +337,20 @@ def read_run(store: Store) -> tuple[int, str | None] | None:
         doc = None
     shards = doc.get("experience_shards") if isinstance(doc, dict) and doc.get("format") == LAYOUT_FORMAT else None
     run_id = doc.get("run_id", "") if isinstance(doc, dict) else None
+    _check_layout(shards, run_id)
+    return shards, run_id or None
+
+
+def _layout(shards: int, run_id: str) -> dict:
+    """A layout document, checked with the reader's rules."""
+    _check_layout(shards, run_id)
+    return {"format": LAYOUT_FORMAT, "version": 1, "experience_shards": shards, "run_id": run_id}
+
+
+def _check_layout(shards, run_id) -> None:
     if (not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= MAX_SHARDS
             or not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id)):
         raise FormatError(f"{LAYOUT} is not a rapid layout document")
-    return shards, run_id or None
 
 
 def renew_run_id(store: Store) -> str | None:
@@ -332,8 +361,7 @@ def renew_run_id(store: Store) -> str | None:
     if run is None:
         return None
     run_id = uuid.uuid4().hex
-    store.put(LAYOUT, json.dumps({"format": LAYOUT_FORMAT, "version": 1, "experience_shards": run[0],
-                                  "run_id": run_id}).encode())
+    store.put(LAYOUT, json.dumps(_layout(run[0], run_id)).encode())
     return run_id
 
 

@@ -22,6 +22,8 @@ import numpy as np
 from rapid.errors import FormatError
 
 ARRAY_EXT = 1
+_REFERENCE_EXT = 127
+"""In :func:`reader_view` only, never written: an array by its index in the tree."""
 ALLOWED_DTYPES = frozenset(
     ["bool", "int8", "uint8", "int16", "int32", "int64", "float16", "float32", "float64"]
 )
@@ -42,10 +44,17 @@ class Limits:
     """Deepest nesting of arrays and maps."""
 
 
-def _pack_array(a: np.ndarray) -> msgpack.ExtType:
-    a = np.require(a, requirements="C")  # unlike ascontiguousarray, keeps 0-d arrays 0-d
+def _stored_array(a: np.ndarray) -> np.ndarray:
+    """``a`` as it is written: C order and native byte order (a decoder reads the bytes as native: a big-endian
+    array's dtype is still named ``float32``), copied only if it is not already so."""
     if a.dtype.name not in ALLOWED_DTYPES:
         raise TypeError(f"cannot encode arrays of dtype {a.dtype}")
+    # unlike ascontiguousarray, keeps 0-d arrays 0-d
+    return np.require(a, dtype=a.dtype.newbyteorder("="), requirements="C")
+
+
+def _pack_array(a: np.ndarray) -> msgpack.ExtType:
+    a = _stored_array(a)
     body = msgpack.packb([a.dtype.name, list(a.shape), a.tobytes()], use_bin_type=True)
     return msgpack.ExtType(ARRAY_EXT, body)
 
@@ -173,6 +182,10 @@ def decode(data: bytes, format_name: str, accepted_versions: tuple[int, ...], li
             raise FormatError(f"unknown ext type {code}")
         return _unpack_array(body, limits)
 
+    return _unpack_payload(payload, format_name, limits, ext_hook)
+
+
+def _unpack_payload(payload: bytes, format_name: str, limits: Limits, ext_hook) -> Any:
     scan(payload, limits)
     try:
         return msgpack.unpackb(
@@ -185,6 +198,48 @@ def decode(data: bytes, format_name: str, accepted_versions: tuple[int, ...], li
         raise
     except (ValueError, TypeError, RecursionError, msgpack.UnpackException) as e:
         raise FormatError(f"malformed {format_name} payload: {e}") from e
+
+
+def reader_view(tree: Any, format_name: str, limits: Limits) -> Any:
+    """``tree`` as :func:`decode` returns it from ``encode(format_name, …, tree)``, built without copying an
+    array: msgpack's own conversions (tuples become lists, numpy scalars Python numbers, the same limits), with
+    each array the caller's own, in the order and dtype it is written in. A writer runs its reader's checks on
+    this (:func:`encode_checked`) for about the cost of those checks: no checksum, no copy of array bytes."""
+    arrays: list[np.ndarray] = []
+
+    def by_reference(obj: Any) -> Any:
+        if isinstance(obj, np.ndarray):
+            arrays.append(_stored_array(obj))
+            if arrays[-1].nbytes > limits.max_array_bytes:
+                raise FormatError(f"{format_name}: an array of {arrays[-1].nbytes} bytes, limit "
+                                  f"{limits.max_array_bytes}")
+            return msgpack.ExtType(_REFERENCE_EXT, struct.pack(">I", len(arrays) - 1))
+        return _default(obj)
+
+    def ext_hook(code: int, body: bytes) -> np.ndarray:
+        if code == _REFERENCE_EXT:
+            return arrays[struct.unpack(">I", body)[0]]
+        if code != ARRAY_EXT:  # an ExtType the tree itself holds: what decode would make of it
+            raise FormatError(f"unknown ext type {code}")
+        return _unpack_array(body, limits)
+
+    try:
+        skeleton = msgpack.packb(tree, default=by_reference, use_bin_type=True)
+    except FormatError:
+        raise
+    except (TypeError, ValueError, OverflowError) as e:
+        raise FormatError(f"{format_name}: {e}") from e
+    return _unpack_payload(skeleton, format_name, limits, ext_hook)
+
+
+def encode_checked(format_name: str, format_version: int, tree: Any, limits: Limits, check) -> bytes:
+    """:func:`encode`, after ``check`` (the format's reader: raises FormatError for what it refuses) accepted
+    :func:`reader_view` of the tree: a writer never stores what every reader refuses."""
+    check(reader_view(tree, format_name, limits))
+    data = encode(format_name, format_version, tree)
+    if len(data) > limits.max_bytes:
+        raise FormatError(f"{format_name} object is {len(data)} bytes, limit {limits.max_bytes}")
+    return data
 
 
 def require(tree: dict, key: str, kind: type | tuple[type, ...], where: str) -> Any:

@@ -61,23 +61,26 @@ class Shape:
 
     def fields(self) -> dict[str, tuple[str, tuple]]:
         """Array name → (dtype, shape after the leading [S]) for every experience array."""
-        T = self.bptt
-        return {
-            "obs": ("float32", (T, self.obs_dim)),
-            "mask": ("bool", (T, self.mask_dim)),
-            "actions": ("int64", (T, self.heads)),
-            "logp": ("float32", (T,)),
-            "values": ("float32", (T,)),
-            "advantages": ("float32", (T,)),
-            "returns": ("float32", (T,)),
-            "active": ("bool", (T,)),
-            "own": ("bool", (T,)),
-            "first": ("bool", (T,)),
-            "h0": ("float32", (self.lstm,)),
-            "c0": ("float32", (self.lstm,)),
-            "version": ("int64", ()),
-            "opponent": ("int32", ()),
-        }
+        return _fields(self.bptt, self.obs_dim, self.mask_dim, self.heads, self.lstm)
+
+
+def _fields(T: int, obs_dim: int, mask_dim: int, heads: int, lstm: int) -> dict[str, tuple[str, tuple]]:
+    return {
+        "obs": ("float32", (T, obs_dim)),
+        "mask": ("bool", (T, mask_dim)),
+        "actions": ("int64", (T, heads)),
+        "logp": ("float32", (T,)),
+        "values": ("float32", (T,)),
+        "advantages": ("float32", (T,)),
+        "returns": ("float32", (T,)),
+        "active": ("bool", (T,)),
+        "own": ("bool", (T,)),
+        "first": ("bool", (T,)),
+        "h0": ("float32", (lstm,)),
+        "c0": ("float32", (lstm,)),
+        "version": ("int64", ()),
+        "opponent": ("int32", ()),
+    }
 
 
 @dataclass
@@ -111,18 +114,41 @@ def samples_per_object(arrays: dict[str, np.ndarray]) -> int:
 
 
 def encode_experience(batch: ExperienceBatch) -> bytes:
-    return codec.encode(FORMAT, FORMAT_VERSION, {
+    """The batch's bytes; FormatError (and no bytes) for one that :func:`decode_experience` would refuse with
+    the shape its own arrays claim. Two reader rules need more than the batch: the newest published version
+    (``max_version``) and, with several action heads, each head's size (the env's; the writer checks only that
+    every action fits the mask's width)."""
+    return codec.encode_checked(FORMAT, FORMAT_VERSION, {
         "worker": batch.worker, "seq": batch.seq, "created": float(batch.created),
         "arrays": batch.arrays, "opponents": batch.opponents, "episodes": batch.episodes,
         "env_steps": int(batch.env_steps),
-    })
+    }, LIMITS, lambda tree: _batch(tree, *_claimed(tree), max_version=None))
 
 
-def _check_actions(arrays: dict, shape: Shape, where: str) -> None:
-    """Every action within its head, and allowed by the mask on the steps that are trained on."""
+def _claimed(tree: dict) -> tuple[dict[str, tuple[str, tuple]], tuple[int, ...] | None]:
+    """The fields and head sizes (None: unknown, with several heads) that a batch's own arrays claim."""
+    arrays = tree.get("arrays")
+    try:
+        T, obs_dim = arrays["obs"].shape[1:3]
+        mask_dim, heads, lstm = arrays["mask"].shape[2], arrays["actions"].shape[2], arrays["h0"].shape[1]
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as e:
+        raise FormatError(f"experience object: its arrays do not give its sizes ({e!r})") from e
+    if not 1 <= heads <= mask_dim:
+        raise FormatError(f"experience object: {heads} action heads and a mask of {mask_dim}")
+    return _fields(T, obs_dim, mask_dim, heads, lstm), ((mask_dim,) if heads == 1 else None)
+
+
+def _check_actions(arrays: dict, head_sizes: tuple[int, ...] | None, where: str) -> None:
+    """Every action within its head, and allowed by the mask on the steps that are trained on. With the head
+    sizes unknown (None), only what holds whatever they are: each action below the largest a head can be."""
     actions, mask, active = arrays["actions"], arrays["mask"], arrays["active"]
+    if head_sizes is None:
+        widest = mask.shape[-1] - actions.shape[-1] + 1  # every head has at least one action
+        if actions.size and (actions.min() < 0 or actions.max() >= widest):
+            raise FormatError(f"{where}: an action outside 0..{widest - 1}")
+        return
     offset = 0
-    for h, size in enumerate(shape.head_sizes):
+    for h, size in enumerate(head_sizes):
         a = actions[..., h]
         if a.size and (a.min() < 0 or a.max() >= size):
             raise FormatError(f"{where}: action of head {h} outside 0..{size - 1}")
@@ -154,6 +180,12 @@ def decode_experience(data: bytes, shape: Shape, max_version: int | None = None)
     """The batch in ``data``, every field checked against ``shape`` and its range; with ``max_version``
     (the newest version published), samples stamped with a later one are refused."""
     tree = codec.decode(data, FORMAT, (FORMAT_VERSION,), LIMITS)
+    return _batch(tree, shape.fields(), shape.head_sizes, max_version)
+
+
+def _batch(tree, expected: dict[str, tuple[str, tuple]], head_sizes: tuple[int, ...] | None,
+           max_version: int | None) -> ExperienceBatch:
+    """The reader's rules, which the writer runs too (on ``codec.reader_view``, with the sizes it claims)."""
     where = "experience object"
     if not isinstance(tree, dict):
         raise FormatError(f"{where}: payload is not a map")
@@ -168,7 +200,6 @@ def decode_experience(data: bytes, shape: Shape, max_version: int | None = None)
         raise FormatError(f"{where}: non-finite creation time")
     if seq < 0 or env_steps < 0:
         raise FormatError(f"{where}: negative seq or env_steps")
-    expected = shape.fields()
     if not all(isinstance(k, str) for k in arrays) or set(arrays) != set(expected):
         raise FormatError(f"{where}: arrays {sorted(map(str, arrays))} differ from {sorted(expected)}")
     num = arrays["version"].shape[0] if isinstance(arrays["version"], np.ndarray) and arrays["version"].ndim else -1
@@ -190,6 +221,6 @@ def decode_experience(data: bytes, shape: Shape, max_version: int | None = None)
             raise FormatError(f"{where}: {name} has non-finite values")
     if not arrays["mask"].any(-1).all():
         raise FormatError(f"{where}: a step with an all-forbidden action mask")
-    _check_actions(arrays, shape, where)
+    _check_actions(arrays, head_sizes, where)
     return ExperienceBatch(worker, seq, float(created), arrays, opponents,
                            [_check_episode(ep, where) for ep in episodes], env_steps)

@@ -23,15 +23,20 @@ class ParamsObject:
 
 
 def encode_params(obj: ParamsObject) -> bytes:
-    return codec.encode(FORMAT, FORMAT_VERSION, {
+    """The object's bytes; FormatError (and no bytes) for one that :func:`decode_params` would refuse."""
+    return codec.encode_checked(FORMAT, FORMAT_VERSION, {
         "version": int(obj.version),
         "tensors": {k: np.asarray(v) for k, v in obj.tensors.items()},
         "meta": obj.meta,
-    })
+    }, LIMITS, _params_object)
 
 
 def decode_params(data: bytes) -> ParamsObject:
-    tree = codec.decode(data, FORMAT, (FORMAT_VERSION,), LIMITS)
+    return _params_object(codec.decode(data, FORMAT, (FORMAT_VERSION,), LIMITS))
+
+
+def _params_object(tree) -> ParamsObject:
+    """The reader's rules, which the writer runs too (on ``codec.reader_view``)."""
     where = "params object"
     if not isinstance(tree, dict):
         raise FormatError(f"{where}: payload is not a map")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field, replace
 
@@ -202,6 +203,7 @@ def forget_retired(state: PoolState, keep_retired: int, keep_ratings: int) -> tu
 # --- the document -----------------------------------------------------------------------------------
 
 def dump_pool(state: PoolState) -> bytes:
+    """The state's document; PoolFormatError (and no bytes) for one that :func:`load_pool` would refuse."""
     doc = {
         "format": POOL_FORMAT,
         "schema": POOL_SCHEMA,
@@ -211,8 +213,9 @@ def dump_pool(state: PoolState) -> bytes:
         "members": [asdict(m) for m in state.members.values()],
         "ratings": {k: [r.mu, r.sigma, r.games] for k, r in state.ratings.items()},
         "history": [[p.time, p.id, p.mu, p.sigma] for p in state.history],
-        "folded_keys": state.folded_keys,
+        "folded_keys": list(state.folded_keys),
     }
+    _state(doc, "pool document to write")  # the reader's rules, on the document as JSON will carry it
     return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -226,6 +229,9 @@ def _typed(value, kind, where: str):
     # bool is an int subclass: accept it only where a bool is asked for.
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise PoolFormatError(f"{where} has type {type(value).__name__}")
+    # What load_json refuses, refused here too, so that a writer checking its document refuses it.
+    if isinstance(value, float) and not math.isfinite(value) or isinstance(value, int) and abs(value) >= 1 << 63:
+        raise PoolFormatError(f"{where} is out of range")
     return value
 
 
@@ -235,6 +241,10 @@ def load_pool(data: bytes, where: str = "pool document") -> PoolState:
         doc = load_json(data)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise PoolFormatError(f"{where}: not JSON ({e})") from e
+    return _state(doc, where)
+
+
+def _state(doc, where: str) -> PoolState:
     if not isinstance(doc, dict) or doc.get("format") != POOL_FORMAT:
         raise PoolFormatError(f"{where}: not a {POOL_FORMAT} document")
     if doc.get("schema") != POOL_SCHEMA:
@@ -254,7 +264,7 @@ def load_pool(data: bytes, where: str = "pool document") -> PoolState:
             members[m.id] = m
         ratings = {}
         for k, v in _typed(doc["ratings"], dict, f"{where}: ratings").items():
-            if not (isinstance(v, list) and len(v) == 3):
+            if not (isinstance(k, str) and isinstance(v, list) and len(v) == 3):
                 raise PoolFormatError(f"{where}: rating of {k!r} is not [mu, sigma, games]")
             ratings[k] = Rating(float(_typed(v[0], _NUM, f"{where}: mu of {k!r}")),
                                 float(_typed(v[1], _NUM, f"{where}: sigma of {k!r}")),
