@@ -175,8 +175,9 @@ class OptimizerConfig:
     slowest rank before the job fails (NCCL's watchdog ends it); a rank waits for a batch at most a quarter of
     it (5 s at most) before it checks in with the others."""
     group_for_one: bool = False
-    """Form a torch.distributed process group even for a single rank, so its collectives run for real (NCCL on
-    one GPU) as in a job of many ranks: for the cuda tests and to check a GPU host before a cluster run."""
+    """Form a torch.distributed process group even for a single rank (rapid-optimizer, and rapid train's
+    optimizer process), so its collectives run for real (NCCL on one GPU) as in a job of many ranks: for the
+    cuda tests and to check a GPU host before a cluster run."""
 
 
 @dataclass
