@@ -135,11 +135,12 @@ def _meeting_store(identity: Identity, timeout: datetime.timedelta) -> Any:
     if identity.under_mpi:
         single_host = identity.local_size == identity.size
         host = "127.0.0.1" if single_host else os.environ.get("RAPID_MASTER_ADDR", identity.hostname)
-        store = None
         if identity.rank == 0:  # port 0: the store binds a free port itself, so no other process can take it first
             store = dist.TCPStore(host, 0, identity.size, is_master=True, timeout=timeout, wait_for_workers=False)
-        port = mpi().COMM_WORLD.bcast(store.port if store is not None else None, root=0)
-        return store or dist.TCPStore(host, port, identity.size, is_master=False, timeout=timeout)
+            mpi().COMM_WORLD.bcast(store.port, root=0)
+            return store
+        port = mpi().COMM_WORLD.bcast(None, root=0)
+        return dist.TCPStore(host, port, identity.size, is_master=False, timeout=timeout)
     if not ("MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ):
         raise LayoutError(f"{identity.size} ranks started by {identity.launcher} without MPI need MASTER_ADDR and "
                           f"MASTER_PORT for the rendezvous")
