@@ -239,7 +239,7 @@ class ExperienceLoader:
             try:
                 write_loader_mark(self.store, loader_mark_key(shard, *self.split), through_ms,
                                   [k for k in recent if k.startswith(prefix)])
-            except StoreError as e:
+            except (StoreError, FormatError) as e:  # FormatError: a mark over its reader's 1 MiB, not written
                 self.stats.store_errors += 1
                 self.quiet.warning("mark", "could not note the loader's progress in shard %d: %s", shard, e)
 

@@ -8,6 +8,7 @@ Usage::
     >>> store = LocalStore(tempfile.mkdtemp())
     >>> shape = Shape(bptt=4, obs_dim=3, mask_dim=2, heads=1, lstm=8)
     >>> arrays = {name: np.zeros((2, *dims), dtype) for name, (dtype, dims) in shape.fields().items()}
+    >>> arrays["mask"][:] = True     # readers refuse a step on which every action is forbidden
     >>> segment = Segment(arrays, opponents=["latest"])      # what RolloutWorker.collect returns: 2 samples
     >>> up = Uploader(store, worker="w0", interval_s=60, max_backlog=8, shards=1)   # shards: layout.json's
     >>> up.start()
@@ -44,6 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rapid.errors import FormatError
 from rapid.formats.experience import ExperienceBatch, encode_experience, samples_per_object
 from rapid.infra.store import Store, StoreError
 from rapid.rollout_worker import Segment
@@ -60,6 +62,9 @@ class UploadStats:
     failures: int = 0
     dropped_objects: int = 0
     dropped_samples: int = 0
+    refused_objects: int = 0
+    """Objects the encoder refused (readers would): a bug in what the worker produced, never uploaded."""
+    refused_samples: int = 0
     backlog: int = 0
     backlog_bytes: int = 0
     last_upload_s: float = 0.0
@@ -136,7 +141,13 @@ class Uploader:
             batch = ExperienceBatch(worker=self.worker, seq=self._seq, created=self.clock(), arrays=part,
                                     opponents=opponents, episodes=episodes if first else [],
                                     env_steps=env_steps if first else 0)
-            waiting = _Waiting(encode_experience(batch), batch.num_samples, self._seq)
+            try:
+                waiting = _Waiting(encode_experience(batch), batch.num_samples, self._seq)
+            except FormatError as e:  # every reader would refuse it: count it, never store it, keep sealing
+                self.stats.refused_objects += 1
+                self.stats.refused_samples += batch.num_samples
+                log.error("experience object of %d samples refused before upload: %s", batch.num_samples, e)
+                continue
             self._seq += 1
             with self._wake:
                 self._backlog.append(waiting)

@@ -64,7 +64,14 @@ def batch_tree(batch: ExperienceBatch) -> dict:
 
 
 def enc_exp(tree) -> bytes:
+    """A hostile writer's bytes: the format's own encoder refuses what its reader refuses."""
     return codec.encode(experience.FORMAT, experience.FORMAT_VERSION, tree)
+
+
+def enc_ckpt(ck: Checkpoint) -> bytes:
+    """A hostile writer's checkpoint: encode_checkpoint refuses what decode_checkpoint refuses."""
+    return codec.encode(ckpt_mod.FORMAT, ckpt_mod.FORMAT_VERSION, {"version": ck.version, "updates": ck.updates,
+                                                                   "model": ck.model, "adam": ck.adam, "meta": ck.meta})
 
 
 def make_params() -> ParamsObject:
@@ -270,7 +277,7 @@ def test_oversized_array_and_counts_against_limits():
 
 def test_too_many_samples_rejected(monkeypatch):
     monkeypatch.setattr(experience, "MAX_SAMPLES", 2)
-    assert_format_error(decode_experience, encode_experience(make_batch()), SHAPE)
+    assert_format_error(decode_experience, enc_exp(batch_tree(make_batch())), SHAPE)
 
 
 @pytest.mark.parametrize("name", ["experience", "params", "checkpoint"])
@@ -504,13 +511,13 @@ def test_checkpoint_nan_model_rejected():
     name = next(k for k, v in ck.model.items() if v.dtype.kind == "f" and v.size)
     ck.model[name] = ck.model[name].copy()
     ck.model[name].reshape(-1)[0] = np.nan
-    assert_format_error(decode_checkpoint, encode_checkpoint(ck))
+    assert_format_error(decode_checkpoint, enc_ckpt(ck))
 
 
 def test_checkpoint_malformed_adam_state_rejected():
     ck = make_checkpoint()
     ck.adam = {"state": {"zero": {"step": np.zeros(())}}, "param_groups": [{"lr": 1.0}]}  # no betas, str index
-    data = encode_checkpoint(ck)
+    data = enc_ckpt(ck)
     try:
         decode_checkpoint(data).adam_state()
     except FormatError:

@@ -328,7 +328,9 @@ def test_out_of_range_values_are_refused_and_whatever_is_accepted_is_in_range():
             arrays["mask"][s_, t, m] = not arrays["mask"][s_, t, m]
         arrays["version"][0] = version
         episodes = [{**batch.episodes[0], ep_field: ep_value}]
-        data = encode_experience(ExperienceBatch("w", seq, 0.0, arrays, batch.opponents, episodes, env_steps))
+        data = codec.encode(experience.FORMAT, experience.FORMAT_VERSION, {  # a hostile writer's: no checks
+            "worker": "w", "seq": seq, "created": 0.0, "arrays": arrays, "opponents": batch.opponents,
+            "episodes": episodes, "env_steps": env_steps})
         COUNT["objects"] += 1
         try:
             out = decode_experience(data, SHAPE, max_version=3)

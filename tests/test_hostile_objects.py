@@ -36,9 +36,12 @@ def good_batch(S: int = 4) -> ExperienceBatch:
 
 
 def changed(edit) -> bytes:
-    batch = copy.deepcopy(good_batch())
-    edit(batch)
-    return encode_experience(batch)
+    """A hostile writer's bytes (encode_experience refuses most of these itself: tests/test_writers_validate.py)."""
+    b = copy.deepcopy(good_batch())
+    edit(b)
+    return codec.encode(experience.FORMAT, experience.FORMAT_VERSION, {
+        "worker": b.worker, "seq": b.seq, "created": b.created, "arrays": b.arrays, "opponents": b.opponents,
+        "episodes": b.episodes, "env_steps": b.env_steps})
 
 
 def rejects(data: bytes, **kw) -> str:

@@ -237,3 +237,16 @@ def test_pool_document_written_is_the_one_read(store):
     league = League(store, clock=lambda: 0.0)
     state = league.update(lambda s: ensure_bots(s, ["bot:random"], 0.0))
     assert load_pool(store.get("league/pool.json")).members.keys() == state.members.keys()
+
+
+def test_uploader_never_uploads_what_readers_refuse_and_goes_on_sealing(store):
+    from rapid.rollout_worker import Segment
+    from rapid.uploader import Uploader
+
+    up = Uploader(store, worker="w0", interval_s=60, max_backlog=8, shards=1)
+    up.add(Segment(batch(obs=np.full((2, 3, 4), np.nan, np.float32)).arrays, opponents=["latest"]))
+    up.flush()
+    assert store.list("experience/") == [] and (up.stats.refused_objects, up.stats.refused_samples) == (1, 2)
+    up.add(Segment(batch().arrays, opponents=["latest"]))
+    up.flush()
+    assert len(store.list("experience/")) == 1 and up.stats.objects == 1
