@@ -49,7 +49,8 @@ class RunConfig:
     """Stop training once the run has made this many optimizer updates in all, counted across --resume (0: no
     limit): a resumed run that has them already stops at once."""
     target_win_rate: float = 0.0
-    """Stop once the evaluator's win rate against eval.opponent reaches this (0: never)."""
+    """`rapid train` stops once the evaluator's win rate against eval.opponent reaches this (0: never);
+    rapid-optimizer ignores it: a cluster run stops at run.updates or run.minutes."""
     num_workers: int = 0
     """Rollout worker processes for `rapid train` (0: one per core left after the optimizer, at least 1)."""
 
@@ -99,7 +100,8 @@ class RolloutConfig:
     else 'w<rank>' under MPI or Slurm; else 'w<pid>')."""
     node_cache_dir: str = ""
     """Folder the rollout processes of a node share, so a version, a snapshot or the pool is fetched once per
-    node ('': <run dir>/node-cache; 'off': every process reads the store itself)."""
+    node ('': <run dir>/node-cache; 'off': every process reads the store itself). It must be local to the node
+    and shared by its rollout processes, never on a shared file system."""
     torch_threads: int = 1
     """Torch CPU threads of a rollout worker (workers scale by process, not by thread)."""
     linger_s: float = 300.0

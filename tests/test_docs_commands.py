@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Console scripts (pyproject.toml) and the `rapid` command words each one stands for.
 PROGRAMS = {"rapid": [], "rapid-optimizer": ["optimizer"], "rapid-rollout": ["rollout"], "rapid-league": ["league"]}
-LAUNCHERS = {"mpiexec", "mpirun", "srun"}
+LAUNCHERS = {"mpiexec", "mpirun", "srun", "torchrun"}
 SECTIONS = {f.name: typing.get_type_hints(Config)[f.name] for f in dataclasses.fields(Config)}
 # env.options.* named without an env (`rapid eval --run-dir runs/moba --set env.options.…`, prose) are moba's:
 # the one built-in env whose options are typed.

@@ -41,7 +41,8 @@ SCRIPTS = Path(__file__).parent / "mpi_scripts"
 # Variables a surrounding launcher may have set; a child must not think it is already an MPI rank.
 _LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
                   "PMIX_RANK", "MPI_LOCALNRANKS", "MPI_LOCALRANKID", "SLURM_PROCID", "SLURM_NTASKS",
-                  "RAPID_RANK", "RAPID_WORLD_SIZE", "RAPID_WORKER_ID", "AWS_PROFILE")
+                  "RAPID_RANK", "RAPID_WORLD_SIZE", "RAPID_WORKER_ID", "AWS_PROFILE", "RANK", "WORLD_SIZE",
+                  "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 # Small enough for a 2-core machine shared with other jobs; big enough that every rank trains on its own data.
 SMALL = """\
 [run]
