@@ -76,7 +76,13 @@ def parse_args(argv=None):
     p.add_argument("--poll-s", type=float, default=0.5, help="optimizer.poll_s")
     p.add_argument("--retention-s", type=float, default=600.0, help="store.retention_s")
     p.add_argument("--update-s", type=float, default=1.0, help="stand-in learner: simulated seconds an update")
-    p.add_argument("--update-spread", type=float, default=0.1, help="lognormal σ of a rank's update time")
+    p.add_argument("--update-spread", type=float, default=0.03,
+                   help="lognormal σ of a rank's update time (an assumption: a dedicated GPU's step time varies "
+                        "by a few percent; the slowest of R ranks sets every update's pace)")
+    p.add_argument("--target-reuse", type=float, default=1.0, help="optimizer.target_reuse")
+    p.add_argument("--supply", type=float, default=1.3,
+                   help="samples arriving ÷ what the stand-in learner takes at its smallest batch (the balancer "
+                        "grows the batch to use the rest)")
     p.add_argument("--segment-s", type=float, default=5.0, help="a worker's segment (versions swap between)")
     p.add_argument("--samples", type=int, default=1, help="samples per segment (in memory)")
     p.add_argument("--games", type=float, default=3.0, help="finished games per upload interval per worker")
@@ -111,7 +117,8 @@ def settings_of(a) -> Settings:
                     retention_s=a.retention_s, update_s=a.update_s, update_spread=a.update_spread,
                     segment_s=a.segment_s, samples_per_segment=a.samples, games_per_upload=a.games,
                     drain_s=a.drain_s, seed=a.seed, skew_s=a.skew_s, slow_upload_s=a.slow_upload_s, churn=a.churn,
-                    workers_per_node=a.workers_per_node, grad_mb=a.params_mb, **CADENCES[a.cadence])
+                    workers_per_node=a.workers_per_node, grad_mb=a.params_mb, target_reuse=a.target_reuse,
+                    supply=a.supply, **CADENCES[a.cadence])
 
 
 def size_scale(a) -> dict:

@@ -46,25 +46,32 @@ class SimClock:
     def charge(self, seconds: float) -> None:
         self.elapsed += seconds / self.streams
 
-    def cpu(self, seconds: float) -> None:
-        """Charge ``seconds`` of CPU to the running actor's process: the threads of one process share one
-        interpreter lock, so the work runs in the first gap of that long in which no other thread of the
-        process holds it. Spans are kept, not just the last end: a step that ends far ahead (a write retried
-        through an outage) must not hold the lock for the threads whose steps come before its end."""
-        process = getattr(self.actor, "process", None)
+    def cpu(self, seconds: float, process: object = None) -> None:
+        """Charge ``seconds`` of CPU to the running actor's process. The threads of one process share one
+        interpreter lock and take turns (every few ms): the work fills the gaps the process's other threads
+        leave, so it ends ``seconds`` plus their overlapping work later. Busy spans are kept, not just the last
+        end: a step that ends far ahead (a write retried through an outage) holds the lock only for its own CPU.
+        ``process`` names another process whose CPU the running step waits for (a decode worker)."""
+        process = process or getattr(self.actor, "process", None)
         if process is None:
             self.elapsed += seconds
             return
         spans = [(a, b) for a, b in self.busy.get(process, ()) if b > self.now]  # steps start in time order
-        start = self.t()
+        cursor, left, pieces = self.t(), seconds, []
         for a, b in spans:
-            if start + seconds <= a:
-                break
-            start = max(start, b)
-        spans.append((start, start + seconds))
-        spans.sort()
-        self.busy[process] = spans
-        self.elapsed = start + seconds - self.now
+            if b <= cursor:
+                continue
+            if a > cursor:
+                run = min(left, a - cursor)
+                pieces.append((cursor, cursor + run))
+                left -= run
+                if left <= 0:
+                    break
+            cursor = max(cursor, b)
+        if left > 0:
+            pieces.append((cursor, cursor + left))
+        self.busy[process] = sorted(spans + pieces)
+        self.elapsed = pieces[-1][1] - self.now if pieces else self.elapsed
 
     @contextmanager
     def acting(self, actor: object, at: float, skew: float = 0.0):

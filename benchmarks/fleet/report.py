@@ -98,7 +98,7 @@ def health(fleet, fam: dict, reached: float, hot_gets: int) -> dict:
     trained = sum(r.buffer.stats().used for r in fleet.ranks)
     played = sum(n for _, n in fleet.played)
     folded = rank0.keeper.folded_games if rank0.keeper else 0
-    pages = sum(m.requests["experience", "LIST", h] for h in (0, 1))
+    pages = m.done["experience", "LIST"]  # pages answered (an attempt answered 500 and retried is not a page)
     return {
         "workers_current_share": float(np.mean(fleet.current)) if fleet.current else 0.0,
         "updates_share": rank0.learner.busy_s / max(1e-9, min(reached, s.sim_s) - MEASURE_FROM_S),

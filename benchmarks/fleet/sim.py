@@ -73,7 +73,7 @@ class Settings:
     poll_s: float = 0.5
     publish_s: float = 60.0
     update_s: float = 1.0
-    update_spread: float = 0.1  # lognormal σ of a rank's update time (stragglers)
+    update_spread: float = 0.03  # lognormal σ of a rank's update time (stragglers): an assumption, see bench_fleet
     segment_s: float = 5.0  # a worker's segment: its version is swapped only between segments
     retention_s: float = 600.0
     max_backlog: int = 8
@@ -84,6 +84,7 @@ class Settings:
     checkpoint_every: int = 100
     max_staleness: int = 8
     target_reuse: float = 1.0
+    supply: float = 1.3  # samples arriving ÷ what the learner takes at its smallest batch
     drain_s: float = 120.0
     seed: int = 0
     skew_s: float = 0.0  # fault: worker clocks off by up to ± this
@@ -96,10 +97,12 @@ class Settings:
     costs: Costs = field(default_factory=Costs)
 
     def config(self) -> Config:
-        """The run's config as the roles would read it (the loops take their settings from it). The batch is
-        what arrives at a rank in ``update_s`` times the target reuse: the learner just keeps up."""
+        """The run's config as the roles would read it (the loops take their settings from it). The smallest
+        batch is what arrives at a rank in ``update_s`` times the target reuse, over ``supply``: with more
+        arriving than that, the balancer grows the batch (an update of a bigger batch moves more samples a
+        second) until the learner uses what comes."""
         per_rank = self.workers * self.samples_per_segment / self.segment_s / self.ranks
-        batch = max(1, round(per_rank * self.update_s * self.target_reuse))
+        batch = max(1, round(per_rank * self.update_s * self.target_reuse / self.supply))
         return Config(
             run=RunConfig(name="fleet"),
             rollout=RolloutConfig(upload_interval_s=self.upload_s, param_poll_s=self.param_poll_s),
@@ -228,7 +231,7 @@ class Rank:
         s, clock, cfg = fleet.s, fleet.clock, fleet.cfg
         self.fleet, self.rank, self.process = fleet, rank, f"rank{rank}"
         lead = rank == 0
-        store = fleet.charged(fleet.store)
+        store = fleet.charged(fleet.store, decoder=f"{self.process}-decode")
         o = cfg.optimizer
         self.buffer = ExperienceBuffer(o.buffer_samples, o.max_staleness)
         self.loader = ExperienceLoader(store, SHAPE, self.buffer, rank, s.ranks, read_layout(store) or 1, s.poll_s,
@@ -332,8 +335,8 @@ class Fleet:
         if s.churn:
             self.sched.start(Actor("churn", self._churn()), s.upload_s)
 
-    def charged(self, store):
-        return CpuCharged(store, self.clock, self.meter.latency, self.s.costs)
+    def charged(self, store, decoder: object = None):
+        return CpuCharged(store, self.clock, self.meter.latency, self.s.costs, decoder)
 
     def node_store(self, index: int, store):
         """What worker ``index`` reads parameters, snapshots and the pool through: its node's cache (one folder

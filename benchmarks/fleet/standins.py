@@ -37,11 +37,13 @@ class Costs:
 
 
 class CpuCharged(Store):
-    """A store as one process sees it: every answer costs that process CPU (a GET of an experience object is
-    decoded, a LIST page parsed, a params or checkpoint PUT encoded, the pool's JSON parsed or written)."""
+    """A store as one process sees it: every answer costs that process CPU (a LIST page parsed, a params or
+    checkpoint PUT encoded, the pool's JSON parsed or written), except an experience object's decoding, which
+    an optimizer rank does in its decode worker processes (``optimizer.decode_workers``): that CPU is the
+    ``decoder`` process's, and the GET's caller waits for it."""
 
-    def __init__(self, inner, clock, latency, costs: Costs):
-        self.inner, self.clock, self.latency, self.costs = inner, clock, latency, costs
+    def __init__(self, inner, clock, latency, costs: Costs, decoder: object = None):
+        self.inner, self.clock, self.latency, self.costs, self.decoder = inner, clock, latency, costs, decoder
         self.url = inner.url
 
     def _mb(self, key: str, n: int) -> float:
@@ -50,7 +52,7 @@ class CpuCharged(Store):
     def _cpu(self, key: str, n: int, writing: bool) -> None:
         fam, c = family(key), self.costs
         if fam == "experience" and not writing:
-            self.clock.cpu(c.decode_s_per_mb * self._mb(key, n))
+            self.clock.cpu(c.decode_s_per_mb * self._mb(key, n), self.decoder)
         elif fam in ("params", "checkpoints", "league/snapshots") and writing:
             self.clock.cpu(c.encode_s_per_mb * self._mb(key, n))
         elif fam == "league/pool":
@@ -85,9 +87,10 @@ class CpuCharged(Store):
 
 
 class SimLearner:
-    """The learner's place in ``OptimizerLoop``: an update of ``batch`` samples takes ``update_s × batch /
-    nominal_batch`` (a learner's time grows with its batch; spread by a rank's straggling, lognormal
-    ``spread``) plus the gradient all-reduce of ``grad_bytes`` over the ranks. ``busy_s`` sums the time spent
+    """The learner's place in ``OptimizerLoop``: an update of ``batch`` samples takes ``update_s × (1 + batch /
+    nominal_batch) / 2`` (half a fixed cost, half growing with the batch, as a GPU's kernels and the optimizer
+    step are paid once an update), spread by a rank's straggling (lognormal ``spread``), plus the gradient
+    all-reduce of ``grad_bytes`` over the ranks. ``busy_s`` sums the time spent
     updating after ``measure_from`` (simulated seconds) and before ``measure_to``."""
 
     def __init__(self, clock, rng, update_s: float, nominal_batch: int, spread: float, ranks: int,
@@ -103,7 +106,8 @@ class SimLearner:
     def update(self, arrays: dict, progress: float) -> dict:
         start = self.clock.t()
         spread = float(self.rng.lognormal(0.0, self.spread)) if self.spread else 1.0
-        self.clock.cpu(self.update_s * spread * int(arrays["version"].shape[0]) / self.nominal_batch)
+        batch = int(arrays["version"].shape[0])
+        self.clock.cpu(self.update_s * spread * (1.0 + batch / self.nominal_batch) / 2)
         self.clock.charge(self.allreduce_s)
         self.updates += 1
         if self.measure_from <= start < self.measure_to:
