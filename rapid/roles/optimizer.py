@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import torch
 
-from rapid.checkpoints import newest_version_in_use, resume_point, save_checkpoint
+from rapid.checkpoints import save_checkpoint
 from rapid.config import Config, to_toml
 from rapid.decode_pool import auto_workers
 from rapid.errors import FormatError, UsageError
@@ -35,6 +35,7 @@ from rapid.roles.league_keeper import LeagueKeeper
 from rapid.roles.lockstep import wait_round_s
 from rapid.roles.optimizer_loop import OptimizerLoop, Parts, Timing, version_meta
 from rapid.roles.optimizer_report import OptimizerReport
+from rapid.roles.start_point import agree_on_start
 from rapid.roles.startup import JsonlLog, StopFlag, build_policy, env_spec, open_run_store, setup_logging, start_metrics
 from rapid.roles.steps import drive
 from rapid.store_map import EXPERIENCE_PREFIX, read_layout, write_layout
@@ -81,25 +82,21 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
                  precision)
 
     # Where this run stands: a fresh start publishes version 0; a resume loads the newest usable checkpoint
-    # and continues after the newest version in use anywhere in the store, so no version is used twice.
-    version = 0
+    # and continues after the newest version in use anywhere in the store, so no version is used twice. Rank 0
+    # chooses, every rank loads exactly that point, and the ranks compare digests of their state before starting.
     try:
-        if resume:
-            point = resume_point(store, policy, learner.adam, log)
-            version, learner.updates = point.version, point.updates
-            log.info("resumed from %s (update %d); next version %d", point.source, learner.updates, version + 1)
-        elif newest_version_in_use(store) is not None:
-            raise UsageError(f"{store.describe()} already holds published parameters; use --resume or a new run dir")
-        if lead:
-            _write_layout(store, cfg, rank.size, resume, log)
+        start = agree_on_start(ctx, store, policy, learner.adam, resume, rank.rank, log,
+                               prepare=(lambda: _write_layout(store, cfg, rank.size, resume, log)) if lead else None)
     except UsageError:
         if lease:
             lease.abandon()  # this optimizer never started: the store is left as it was
         raise
+    version, learner.updates = start.version, start.updates
+    if resume:
+        log.info("resumed from %s (update %d); next version %d; state digest %s, the same on all %d rank(s)",
+                 start.source, learner.updates, version + 1, start.digest[:12], rank.size)
     if lease:
         lease.keep(stop)
-    if ctx is not None:
-        ctx.broadcast_parameters(policy, src=0)  # also the barrier after which every rank reads the layout
     if lead and not resume:
         params.publish(version, policy.tensors(), {**version_meta(cfg, learner.updates, 0.0), "env": cfg.env.name})
     league = LeagueKeeper(store, cfg) if lead else None
