@@ -13,8 +13,9 @@ How :func:`rapid.roles.optimizer.run_optimizer` wires and drives it::
     exit_code = drive(loop.run(), ctx, stop.wait)
 
 Every rank runs it in lock step: one all-reduce a round (:class:`rapid.roles.lockstep.Agreement`) decides
-whether to leave, publish and update; no rank waits for a batch longer than ``Timing.round_s``, so its peers
-never wait in a collective past NCCL's watchdog. Only rank 0 (``lead``) publishes and checkpoints, on its
+whether to leave, publish and update, and carries rank 0's balancer decision, so every rank trains the same
+batch size; no rank waits for a batch longer than ``Timing.round_s``, so its peers never wait in a collective
+past NCCL's watchdog. Only rank 0 (``lead``) publishes and checkpoints, on its
 background writer, so the loop goes on training while the store is slow.
 """
 
@@ -23,9 +24,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
-from rapid.balance import Balancer, BalanceSettings, publish_due
+from rapid.balance import Balancer, BalanceSettings, Decision, publish_due
 from rapid.checkpoints import save_checkpoint
 from rapid.config import Config
 from rapid.errors import FormatError
@@ -116,7 +117,13 @@ class OptimizerLoop:
         """The newest version published (the loader reads it: experience from a later one is refused)."""
         self.agree = Agreement(grouped, lead)
         self.settings = balance_settings(cfg)
-        self.balancer = Balancer(self.settings, clock.monotonic())
+        self.balancer = Balancer(self.settings, clock.monotonic()) if lead else None
+        """Rank 0's only: its decision, carried by the agreement, is every rank's."""
+        self.decision = Decision(self.settings.batch, self.settings.publish_interval_s, 0.0, 0.0, 0.0, 0.0, False,
+                                 self.settings.target_reuse)
+        """The balancer's newest decision: rank 0's own; on the other ranks, rank 0's as the agreement carried it."""
+        self.batch = self.settings.batch
+        """The batch size every rank draws: rank 0's decision, adopted by all on the same iteration."""
         self.started, self.last_publish = clock.time(), clock.monotonic()
         self.last_ckpt_updates = self.published_updates = parts.learner.updates
         self.deadline = self.started + 60 * cfg.run.minutes if cfg.run.minutes else math.inf
@@ -143,11 +150,13 @@ class OptimizerLoop:
                 self.stop.set("minutes")
             due = (publish_due(self.clock.monotonic(), self.last_publish, self.settings.publish_interval_s)
                    if o.balance else (p.learner.updates + 1) % o.publish_every == 0)
-            leave, publish, everyone_ready = yield from self.agree.decide(bool(self.stop), due, batch is not None)
-            if leave:
+            verdict = yield from self.agree.decide(bool(self.stop), due, batch is not None,
+                                                   lead_values=_decision_values(self.decision),
+                                                   mean_values=_balance_inputs(p.buffer.stats()))
+            if verdict.leave:
                 yield from self._finish()
                 return self.exit_code
-            if not everyone_ready:
+            if not verdict.everyone_ready:
                 pending = batch
                 self.waiting.still(p.loader.stats.objects, self.clock.monotonic())
                 continue
@@ -155,6 +164,11 @@ class OptimizerLoop:
             self.waiting.over(self.clock.monotonic())
             arrays, staleness = batch
             wait_s, t_wait = self.clock.monotonic() - t_wait, None
+            # Every rank drew this batch at self.batch; from the next draw on, all take rank 0's newest decision.
+            carried = _decision_of(verdict.lead_values)
+            self.batch = carried.batch
+            if not self.lead:
+                self.decision = carried
             # 2. update: one bad batch is skipped, never the end of the job
             t_update = self.clock.monotonic()
             try:
@@ -176,7 +190,7 @@ class OptimizerLoop:
                 p.report.skipped_nonfinite(p.learner.skipped)
                 continue
             # 3. publish (rank 0, on the background writer; the loop goes on training)
-            if publish:
+            if verdict.publish:
                 self.last_publish, self.published_updates = self.clock.monotonic(), p.learner.updates
                 yield from self._publish()
                 # 4. league: every rank's games since the last version, pooled; rank 0 folds them off this thread
@@ -187,8 +201,10 @@ class OptimizerLoop:
                 yield from self._submit(f"checkpoint v{self.version}", lambda: self._until_stored(
                     f"checkpoint v{ckpt.version}", lambda: save_checkpoint(p.store, ckpt, o.keep_checkpoints)))
                 self.last_ckpt_updates = p.learner.updates
-            decision = self.balancer.step(self.clock.monotonic(), **_balance_inputs(p.buffer.stats()), busy_s=busy_s)
-            p.report.update(p.learner.updates, self.version, stats, staleness, decision, wait_s)
+            # 6. balance: rank 0 decides on the ranks' mean counts; the next agreement carries it to every rank
+            if self.lead:
+                self.decision = self.balancer.step(self.clock.monotonic(), **verdict.mean_values, busy_s=busy_s)
+            p.report.update(p.learner.updates, self.version, stats, staleness, self.decision, wait_s)
 
     def _elapsed(self) -> float:
         return self.clock.time() - self.started
@@ -199,7 +215,7 @@ class OptimizerLoop:
         p, t = self.p, self.timing
         until = min(self.deadline, self.clock.time() + t.round_s)
         while not self.stop and p.loader.failure is None and self.clock.time() < until:
-            batch = p.buffer.sample(self.balancer.batch, self.version, self.rng, self.settings.target_reuse,
+            batch = p.buffer.sample(self.batch, self.version, self.rng, self.settings.target_reuse,
                                     timeout=t.sample_wait_s)
             if batch is not None:
                 return batch
@@ -259,6 +275,15 @@ class OptimizerLoop:
 
     def _until_stored(self, what: str, write) -> object:
         return until_stored(what, write, self.stop, self.log, self.deadline, clock=self.clock)
+
+
+def _decision_values(d: Decision) -> dict[str, float]:
+    """A decision as the agreement carries it (numbers only; the overload line stays with rank 0's log)."""
+    return {k: float(v) for k, v in asdict(d).items() if k != "message"}
+
+
+def _decision_of(values: dict[str, float]) -> Decision:
+    return Decision(**{**values, "batch": round(values["batch"]), "overloaded": values["overloaded"] > 0.5})
 
 
 def _balance_inputs(b) -> dict[str, int]:

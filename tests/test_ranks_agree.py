@@ -1,0 +1,205 @@
+"""Issue 33, item 3, in-process: the real OptimizerLoop of several ranks driven in lock step, as a process
+group would (each rank's own simulated clock; a collective answers once every rank asked, at the last arrival),
+with stand-ins for the learner, buffer, loader and store. Sub-second.
+
+- The balancer's decision is rank 0's, carried by the agreement: every rank trains the same batch size even when
+  their backlogs differ.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from rapid.config import load_config
+from rapid.formats.checkpoint import Checkpoint
+from rapid.infra.store import LocalStore
+from rapid.league import Tally
+from rapid.publisher import BackgroundWriter
+from rapid.roles.lockstep import Agreement, wait_round_s
+from rapid.roles.optimizer_loop import OptimizerLoop, Parts, Timing
+from rapid.roles.startup import StopFlag
+from rapid.roles.steps import AllGather, AllReduce, Sleep, Until
+
+TIMEOUT_S = 4.0
+LOG = logging.getLogger("test-ranks-agree")
+
+
+class Clock:
+    """One rank's simulated clock."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def time(self) -> float:
+        return 1.7e9 + self.t
+
+    def monotonic(self) -> float:
+        return self.t
+
+
+class Learner:
+    """Takes ``update_s`` of its rank's clock per update; remembers each batch's size."""
+
+    def __init__(self, clock: Clock, update_s: float = 0.1):
+        self.clock, self.update_s = clock, update_s
+        self.updates = self.skipped = 0
+        self.batches: list[int] = []
+
+    def update(self, arrays, progress: float) -> dict:
+        self.clock.t += self.update_s
+        self.updates += 1
+        self.batches.append(len(arrays["obs"]))
+        return {"skipped": False}
+
+
+class Buffer:
+    """Always has a batch; reports a fixed backlog (what the balancer reads)."""
+
+    def __init__(self, backlog: int):
+        self.backlog, self.consumed = backlog, 0
+
+    def sample(self, batch, version, rng, max_reuse, timeout=0.0):
+        self.consumed += batch
+        return {"obs": np.zeros((batch, 1), np.float32)}, np.zeros(batch, np.int64)
+
+    def stats(self):
+        return SimpleNamespace(received=self.consumed + self.backlog, consumed=self.consumed, dropped_stale=0,
+                               evicted_unused=0, unused=self.backlog)
+
+
+class Recorder:
+    """Stands in for the report, the params store, the league and the store's name."""
+
+    def __init__(self):
+        self.decisions: list = []
+        self.published: list[int] = []
+        self.checkpoints: list[int] = []
+
+    def update(self, updates, version, stats, staleness, decision, wait_s):
+        self.decisions.append(decision)
+
+    def version(self, version):
+        pass
+
+    def publish(self, version, tensors, meta):
+        self.published.append(version)
+
+    def prune(self, version, keep):
+        pass
+
+    def after_publish(self, version, tensors):
+        pass
+
+    def fold(self, tally):
+        pass
+
+
+def make_rank(rank: int, size: int, cfg, store, backlog: int = 0):
+    clock = Clock()
+    learner, rec = Learner(clock), Recorder()
+    lead = rank == 0
+    writer = BackgroundWriter(start=False) if lead else None
+    loader = SimpleNamespace(failure=None, stats=SimpleNamespace(objects=1), take_tally=Tally)
+    parts = Parts(learner, Buffer(backlog), loader, writer, params=rec, league=rec if lead else None, report=rec,
+                  tensors=lambda: {"w": np.zeros(1, np.float32)},
+                  checkpoint=lambda v: Checkpoint(v, learner.updates, {"w": np.zeros(1, np.float32)},
+                                                  {"state": {}, "param_groups": []}), store=store)
+    stop = StopFlag(install_signals=False)
+    loop = OptimizerLoop(cfg, parts, Timing(round_s=wait_round_s(TIMEOUT_S), sample_wait_s=0.0, idle_s=0.25),
+                         stop, LOG, lead, grouped=True, version=0, rng=np.random.default_rng(rank), clock=clock)
+    return SimpleNamespace(loop=loop, gen=loop.run(), clock=clock, learner=learner, rec=rec, writer=writer)
+
+
+def in_step(ranks, tick=lambda rank, t: None) -> float:
+    """Drive every rank's loop to its end in lock step; ``tick(rank, t)`` runs as a rank's clock passes ``t``.
+    Returns the longest a rank waited in a collective for the others; fails once one would wait past the
+    timeout (gloo raises, NCCL's watchdog kills the job)."""
+    n, longest = len(ranks), 0.0
+    replies: list = [None] * n
+    done = [False] * n
+    while not all(done):
+        asked: dict[int, tuple[object, float]] = {}
+        for r in reversed(range(n)):  # rank 0 last: it sees how long the others have been waiting for it
+            while not done[r]:
+                try:
+                    request = ranks[r].gen.send(replies[r])
+                except StopIteration:
+                    done[r] = True
+                    break
+                replies[r] = None
+                clock = ranks[r].clock
+                if isinstance(request, Sleep):
+                    clock.t += request.seconds
+                elif isinstance(request, Until):
+                    end = clock.t + request.timeout_s
+                    while not request.ready() and clock.t < end:
+                        clock.t = min(end, clock.t + 0.05)
+                        tick(r, clock.t)
+                else:
+                    asked[r] = (request, clock.t)
+                    break
+                tick(r, clock.t)
+                if asked and clock.t - min(t for _, t in asked.values()) > TIMEOUT_S:
+                    pytest.fail(f"rank {r} kept the others waiting in a collective for more than {TIMEOUT_S}s")
+        if not asked:
+            continue
+        assert len(asked) == n and not any(done), f"only ranks {sorted(asked)} of {n} asked for a collective"
+        requests = [asked[r][0] for r in range(n)]
+        arrival = max(t for _, t in asked.values())
+        longest = max(longest, arrival - min(t for _, t in asked.values()))
+        if isinstance(requests[0], AllReduce):  # a process group answers means; the agreement takes either
+            answer = {k: math.fsum(q.values[k] for q in requests) / n for k in requests[0].values}
+            replies = [dict(answer) for _ in range(n)]
+        else:
+            assert all(isinstance(q, AllGather) for q in requests)
+            replies = [[q.blob for q in requests] for _ in range(n)]
+        for rank in ranks:
+            rank.clock.t = arrival
+        tick(0, arrival)
+    return longest
+
+
+def config(*extra: str):
+    return load_config(None, ["metrics.enabled=false", "optimizer.checkpoint_every=5", *extra])
+
+
+def test_every_rank_trains_rank_0s_batch_size(tmp_path):
+    """Rank 0 has a large backlog and rank 1 none: today each rank's own balancer chose its own batch size."""
+    cfg = config("run.minutes=0.2", "optimizer.batch_samples=32", "optimizer.max_batch_samples=256",
+                 "optimizer.buffer_samples=4096", "optimizer.publish_interval_s=1.0")
+    store = LocalStore(tmp_path)
+    ranks = [make_rank(0, 2, cfg, store, backlog=20_000), make_rank(1, 2, cfg, store, backlog=0)]
+
+    def writer_runs(rank: int, t: float) -> None:
+        while rank == 0 and ranks[0].writer.run_next():
+            pass
+
+    in_step(ranks, writer_runs)
+    a, b = (rank.learner.batches for rank in ranks)
+    assert a == b and len(set(a)) > 1, "the batch changed, on every rank on the same update"
+    assert max(a) > 32
+    # every rank reports the decision it trains by: rank 0's, as the agreement carried it
+    assert [d.batch for d in ranks[1].rec.decisions[1:]] == [d.batch for d in ranks[0].rec.decisions[:-1]]
+
+
+def test_the_agreement_carries_rank_0s_values_whether_the_collective_sums_or_averages():
+    def ask(lead: bool, batch: float, backlog: float):
+        return Agreement(grouped=True, lead=lead).decide(False, lead, True, lead_values={"batch": batch},
+                                                         mean_values={"backlog": backlog})
+
+    asks = [(True, 96.0, 30.0), (False, 7.0, 10.0), (False, 5.0, 20.0)]
+    for scale in (1.0, 1.0 / 3):  # the collective sums (a simulation), then averages (a process group)
+        gens = [ask(*a) for a in asks]
+        requests = [next(g) for g in gens]
+        merged = {k: scale * sum(q.values[k] for q in requests) for k in requests[0].values}
+        for g in gens:
+            with pytest.raises(StopIteration) as end:
+                g.send(merged)
+            v = end.value.value
+            assert v.publish and v.everyone_ready and not v.leave
+            assert v.lead_values["batch"] == pytest.approx(96.0) and v.mean_values["backlog"] == pytest.approx(20.0)
