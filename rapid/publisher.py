@@ -2,14 +2,15 @@
 the store.
 
 Jobs run one at a time in the order given, so versions are published in order (each job writes its
-version object before moving LATEST). At most one job waits behind the running one: a store slower than
-the updates makes ``submit`` block rather than pile up copies of the weights (``longest_wait_s`` says how
-long it ever did). ``try_submit`` is for optional work, skipped while anything is queued. The league has a
-thread of its own (``rapid.roles.league_keeper``).
-A job's exception is kept and raised in the caller's thread by the next ``submit``/``check``/``close``.
-The update loop asks ``can_submit`` first and waits for room as a request of its own (``wait_for_room`` is how a
-thread waits), so a rank never blocks inside the writer. With ``start=False`` no thread is started and whoever
-owns the writer runs its jobs with ``run_next`` (the scale model does, in simulated time).
+version object before moving LATEST). At most one job waits behind the running one, so a store slower than
+the updates never piles up copies of the weights: ``submit`` would block on a full queue, and the update loop
+never lets it. It asks ``can_submit`` first and, while the writer is full, holds the version and goes on
+training (:class:`rapid.roles.optimizer_loop.OptimizerLoop`); ``wait_for_room`` is how a thread waits for room
+where nothing else waits on it (the loop's last publish). ``try_submit`` is for optional work, skipped while
+anything is queued. The league has a thread of its own (``rapid.roles.league_keeper``).
+A job's exception is kept and raised in the caller's thread by the next ``submit``/``check``/``close``; after one
+(``failed``) the jobs still queued are skipped. With ``start=False`` no thread is started and whoever owns the
+writer runs its jobs with ``run_next`` (the scale model does, in simulated time).
 
 Usage (in the learner a job is ``lambda: params.publish(3, tensors, meta)``, with a copy of the tensors)::
 
@@ -37,16 +38,17 @@ import threading
 import time
 from collections.abc import Callable
 
+MAX_JOBS = 2
+"""Jobs alive at once: one running and one waiting behind it (each holds a copy of the weights)."""
+
 
 class BackgroundWriter:
     def __init__(self, on_done: Callable[[str, float], None] | None = None, start: bool = True):
         self.on_done = on_done
-        self._jobs: queue.Queue = queue.Queue(maxsize=1)
+        self._jobs: queue.Queue = queue.Queue()  # bounded by MAX_JOBS through _pending
         self._error: BaseException | None = None
         self._failed = False
         self._pending = 0
-        self.longest_wait_s = 0.0
-        """The longest a ``submit`` waited for room in the queue: time the update loop stood still."""
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
         self._thread = threading.Thread(target=self._run, name="writer", daemon=True) if start else None
@@ -64,8 +66,6 @@ class BackgroundWriter:
             item = self._jobs.get(block=block)
         except queue.Empty:
             return False
-        with self._room:
-            self._room.notify_all()  # the queue's slot is free again
         if item is None:
             return False
         name, job = item
@@ -84,9 +84,14 @@ class BackgroundWriter:
             self._jobs.task_done()
         return True
 
+    @property
+    def failed(self) -> bool:
+        """A job raised: nothing more is written (its error is raised by the next ``submit``/``check``/``close``)."""
+        return self._failed
+
     def can_submit(self) -> bool:
-        """True if a ``submit`` now would not wait (no job is queued behind the running one)."""
-        return self._jobs.qsize() == 0
+        """True if a ``submit`` now would not wait (fewer than ``MAX_JOBS`` are queued or running)."""
+        return self._pending < MAX_JOBS
 
     def wait_for_room(self, timeout_s: float) -> None:
         """Block up to ``timeout_s`` for ``can_submit``."""
@@ -94,13 +99,12 @@ class BackgroundWriter:
             self._room.wait_for(self.can_submit, timeout_s)
 
     def submit(self, name: str, job: Callable[[], object]) -> None:
-        """Queue ``job``; blocks while another job already waits."""
+        """Queue ``job``; blocks while ``MAX_JOBS`` are queued or running (ask ``can_submit`` first not to)."""
         self.check()
-        with self._lock:
+        with self._room:
+            self._room.wait_for(self.can_submit)
             self._pending += 1
-        t0 = time.perf_counter()
         self._jobs.put((name, job))
-        self.longest_wait_s = max(self.longest_wait_s, time.perf_counter() - t0)
 
     def try_submit(self, name: str, job: Callable[[], object]) -> bool:
         """Queue ``job`` only if nothing is running or waiting; True if queued."""
@@ -122,7 +126,9 @@ class BackgroundWriter:
         self._jobs.join()
 
     def close(self) -> None:
-        """Run every queued job, stop the thread, then raise a job's error if one failed."""
+        """Run every queued job, stop the thread, then raise a job's error if one failed. It returns once the jobs
+        have: a job that retries a store outage (``until_stored``) ends at its next failure once the role is
+        asked to stop, so a role sets its stop flag before it closes the writer."""
         if self._thread is None:
             while self.run_next():
                 pass

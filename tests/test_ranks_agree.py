@@ -1,7 +1,11 @@
-"""Issue 33, item 3, in-process: the real OptimizerLoop of several ranks driven in lock step, as a process
+"""Issue 33, items 2 and 3, in-process: the real OptimizerLoop of several ranks driven in lock step, as a process
 group would (each rank's own simulated clock; a collective answers once every rank asked, at the last arrival),
-with stand-ins for the learner, buffer, loader and store. Sub-second.
+with stand-ins for the learner, buffer, loader and store. Sub-second; the real ranks under mpiexec are in
+tests/test_ranks_agree_mpi.py.
 
+- A rank 0 whose background writer is stuck (the store down) for three collective timeouts holds no rank in a
+  collective past the timeout: every rank keeps agreeing and training, and the held versions are stored once
+  the writer runs again.
 - The balancer's decision is rank 0's, carried by the agreement: every rank trains the same batch size even when
   their backlogs differ.
 """
@@ -15,6 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from rapid.checkpoints import checkpoint_versions
 from rapid.config import load_config
 from rapid.formats.checkpoint import Checkpoint
 from rapid.infra.store import LocalStore
@@ -166,6 +171,42 @@ def in_step(ranks, tick=lambda rank, t: None) -> float:
 
 def config(*extra: str):
     return load_config(None, ["metrics.enabled=false", "optimizer.checkpoint_every=5", *extra])
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_a_stuck_writer_holds_no_rank_past_the_collective_timeout(size, caplog, tmp_path):
+    """The store is down for three collective timeouts from rank 0's second publish: its writer runs no job.
+    Today's loop waited for room on the writer inside the round, so its peers waited in the next agreement
+    past the timeout."""
+    cfg = config("run.minutes=0.3", "optimizer.balance=false", "optimizer.publish_every=2")
+    store = LocalStore(tmp_path)
+    ranks = [make_rank(r, size, cfg, store) for r in range(size)]
+    writer, outage = ranks[0].writer, {"from": None}
+
+    def store_up(rank: int, t: float) -> None:
+        """The writer runs its jobs while the store is up; the outage starts at the second publish."""
+        if rank != 0:
+            return
+        if outage["from"] is None and len(ranks[0].rec.published) >= 1:
+            outage["from"] = t
+        if outage["from"] is None or t >= outage["from"] + 3 * TIMEOUT_S:
+            while writer.run_next():
+                pass
+
+    with caplog.at_level(logging.INFO, logger=LOG.name):
+        longest = in_step(ranks, store_up)
+    writer.close()
+    assert longest <= TIMEOUT_S
+    updates = {rank.learner.updates for rank in ranks}
+    assert len(updates) == 1 and updates.pop() > 100, "every rank trained through the outage, in step"
+    lead = ranks[0]
+    assert 17.9 <= lead.clock.t < 19.0, "the run ended at its time limit"
+    assert lead.rec.published == list(range(1, lead.loop.version + 1)), "every version stored, in order, once"
+    held = [r.getMessage() for r in caplog.records if "writer" in r.getMessage()]
+    # two jobs queued behind the stuck store, then one line when a version is held and one when it is queued
+    assert len(held) == 2 and "waits for rank 0's writer" in held[0] and "queued after 12s" in held[1], held
+    assert checkpoint_versions(store)[-1] >= lead.loop.version - 5
+    assert 3 * TIMEOUT_S - 1 <= lead.loop.held_publish_s <= 3 * TIMEOUT_S + 1
 
 
 def test_every_rank_trains_rank_0s_batch_size(tmp_path):

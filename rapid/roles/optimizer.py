@@ -24,6 +24,7 @@ from rapid.errors import FormatError, UsageError
 from rapid.formats.checkpoint import Checkpoint
 from rapid.formats.experience import Shape
 from rapid.infra.distributed import ALONE, Identity, LayoutError, choose_device_and_backend
+from rapid.infra.store import StoreError
 from rapid.lease import RunLease
 from rapid.loader import ExperienceLoader
 from rapid.monitoring.metrics import OptimizerMetrics
@@ -125,32 +126,51 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
     loop = OptimizerLoop(cfg, parts, timing, stop, log, lead, grouped=ctx is not None, version=version,
                          rng=np.random.default_rng(cfg.run.seed + 7919 * rank.rank))
     loader.start()
+    lost: StoreError | None = None  # the store failed as the run stopped: what was still queued is not stored
     try:
         exit_code = drive(loop.run(), ctx, stop.wait)
     finally:
         loader.stop()
         # After an unexpected error the weights may be what broke: the last good checkpoint stays the newest.
         clean = sys.exc_info()[0] is None
+        stop.set("error")  # set already unless the loop failed: the writer's store retries end at their next failure
         try:
-            writer.close()  # drains: every queued version and checkpoint is stored, in order
+            try:
+                writer.close()  # drains: every queued version and checkpoint is stored, in order
+            except StoreError as e:  # until_stored retried while the run went on; at the stop the store was down
+                lost = e
             if league:
                 league.close()
+            if lead and clean and lease.held and lost is None:
+                try:
+                    _checkpoint(store, cfg, learner, loop.version)
+                except StoreError as e:
+                    lost = e
         finally:
             report.close()
             metrics.close()
-        if lead and clean and lease.held:
-            _checkpoint(store, cfg, learner, loop.version)
-            log.info("stopped (%s) at version %d after %d updates; final checkpoint written; the update loop "
-                     "waited at most %.0f ms on the background writer", stop.reason or "done", loop.version,
-                     learner.updates, 1000 * loop.writer_wait_s)
-        elif lead:
-            log.warning("stopped (%s) at version %d after %d updates; no final checkpoint",
-                        stop.reason or "error", loop.version, learner.updates)
-        if lease:
-            lease.release()
-        if oplog:
-            oplog.close()
-    return exit_code
+            _last_line(log, lead, clean, lease, lost, stop, loop, learner.updates)
+            if lease:
+                lease.release()
+            if oplog:
+                oplog.close()
+    return 1 if lost is not None else exit_code
+
+
+def _last_line(log, lead: bool, clean: bool, lease, lost: StoreError | None, stop, loop, updates: int) -> None:
+    """Rank 0's one line on how the run ended and whether its final checkpoint is stored."""
+    if not lead:
+        return
+    where = f"stopped ({stop.reason}) at version {loop.version} after {updates} updates"
+    if lost is not None:
+        log.error("%s; the store failed as the run stopped (%s), so the last version or checkpoint is not stored "
+                  "and there is no final checkpoint: --resume continues from the newest one stored", where,
+                  " ".join(str(lost).split()))
+    elif clean and lease.held:
+        log.info("%s; final checkpoint written; versions waited at most %.0f s for the background writer while "
+                 "the ranks trained on", where, loop.held_publish_s)
+    else:
+        log.warning("%s; no final checkpoint", where)
 
 
 def _snapshot(learner: Learner, version: int) -> Checkpoint:

@@ -15,8 +15,9 @@ How :func:`rapid.roles.optimizer.run_optimizer` wires and drives it::
 Every rank runs it in lock step: one all-reduce a round (:class:`rapid.roles.lockstep.Agreement`) decides
 whether to leave, publish and update, and carries rank 0's balancer decision, so every rank trains the same
 batch size; no rank waits for a batch longer than ``Timing.round_s``, so its peers never wait in a collective
-past NCCL's watchdog. Only rank 0 (``lead``) publishes and checkpoints, on its
-background writer, so the loop goes on training while the store is slow.
+past NCCL's watchdog. Only rank 0 (``lead``) publishes and checkpoints, on its background writer, and never
+waits for it: a version that finds the writer still busy (the store slow or down, for any length of time) is
+held, and the ranks go on training and agreeing until the writer has room.
 """
 
 from __future__ import annotations
@@ -128,32 +129,30 @@ class OptimizerLoop:
         self.last_ckpt_updates = self.published_updates = parts.learner.updates
         self.deadline = self.started + 60 * cfg.run.minutes if cfg.run.minutes else math.inf
         self.failed_in_row, self.exit_code = 0, 0
-        self.writer_wait_s = 0.0
-        """The longest the loop waited for room on rank 0's writer: time every rank stood still."""
+        self.held: tuple[str, Callable[[], None], float] | None = None
+        """Rank 0's writer job that found no room within a round (the store slow or down): its name, the job and
+        when it began to wait. It is queued at the first round with room; no version is due meanwhile."""
+        self.held_publish_s = 0.0
+        """The longest a version waited for rank 0's writer; past a round the ranks trained and agreed meanwhile."""
         self.waiting = WaitNotice(log, parts.store.describe(), clock.monotonic())
 
     def run(self):
         """The loop, to its end: yields requests (:mod:`rapid.roles.steps`), returns the exit code."""
         pending, t_wait = None, None  # a batch held while another rank has none yet; when the wait began
-        p, o = self.p, self.cfg.optimizer
+        p = self.p
         while True:
             # 1. sample: a batch of fresh experience, waiting at most a round (stops on request or limits)
             t_wait = t_wait or self.clock.monotonic()
             batch = pending or (yield from self._wait_for_batch())
-            if p.loader.failure and not self.stop:
-                p.report.loader_failed(p.loader.failure)
-                self.stop.set("loader thread died")
-                self.exit_code = 1
-            if self.cfg.run.updates and p.learner.updates >= self.cfg.run.updates:
-                self.stop.set("updates")
-            if self.cfg.run.minutes and self.clock.time() >= self.deadline:
-                self.stop.set("minutes")
-            due = (publish_due(self.clock.monotonic(), self.last_publish, self.settings.publish_interval_s)
-                   if o.balance else (p.learner.updates + 1) % o.publish_every == 0)
-            verdict = yield from self.agree.decide(bool(self.stop), due, batch is not None,
+            self._check_limits()
+            if self.lead and not self.stop:  # once stopping, a store failure is run_optimizer's to report
+                self.p.writer.check()  # a job that failed ends the role here, as it would at the next submit
+            self._queue_held()
+            verdict = yield from self.agree.decide(bool(self.stop), self._publish_due(), batch is not None,
                                                    lead_values=_decision_values(self.decision),
                                                    mean_values=_balance_inputs(p.buffer.stats()))
             if verdict.leave:
+                self.stop.set("another rank stopped")  # no-op when this rank asked
                 yield from self._finish()
                 return self.exit_code
             if not verdict.everyone_ready:
@@ -192,22 +191,53 @@ class OptimizerLoop:
             # 3. publish (rank 0, on the background writer; the loop goes on training)
             if verdict.publish:
                 self.last_publish, self.published_updates = self.clock.monotonic(), p.learner.updates
-                yield from self._publish()
+                yield from self._publish(checkpoint=self._checkpoint_due())
                 # 4. league: every rank's games since the last version, pooled; rank 0 folds them off this thread
                 yield from self._pool_games()
-            # 5. checkpoint (rank 0, background)
-            if self.lead and p.learner.updates - self.last_ckpt_updates >= o.checkpoint_every:
-                ckpt = p.checkpoint(self.version)
-                yield from self._submit(f"checkpoint v{self.version}", lambda: self._until_stored(
-                    f"checkpoint v{ckpt.version}", lambda: save_checkpoint(p.store, ckpt, o.keep_checkpoints)))
-                self.last_ckpt_updates = p.learner.updates
+            # 5. checkpoint (rank 0, background), when the writer has room now: the loop never waits for one
+            elif self._checkpoint_due() and self.held is None and p.writer.can_submit():
+                p.writer.submit(f"checkpoint v{self.version}", self._checkpoint_job())
             # 6. balance: rank 0 decides on the ranks' mean counts; the next agreement carries it to every rank
             if self.lead:
                 self.decision = self.balancer.step(self.clock.monotonic(), **verdict.mean_values, busy_s=busy_s)
             p.report.update(p.learner.updates, self.version, stats, staleness, self.decision, wait_s)
 
+    def _check_limits(self) -> None:
+        """Ask to stop (the agreement then makes every rank leave) when the loader died or the run's budget is
+        spent: its updates (the same count on every rank) or, by rank 0's clock, its minutes."""
+        p = self.p
+        if p.loader.failure and not self.stop:
+            p.report.loader_failed(p.loader.failure)
+            self.stop.set("loader thread died")
+            self.exit_code = 1
+        if self.cfg.run.updates and p.learner.updates >= self.cfg.run.updates:
+            self.stop.set("updates")
+        if self.lead and self.cfg.run.minutes and self.clock.time() >= self.deadline:
+            self.stop.set("minutes")  # rank 0's clock, as for a version's publishing: the others leave with it
+
     def _elapsed(self) -> float:
         return self.clock.time() - self.started
+
+    def _publish_due(self) -> bool:
+        """Rank 0's view: a version is due (by time, or every ``publish_every`` updates without balancing), and
+        none is held for the writer."""
+        if not self.lead or self.held is not None:
+            return False
+        o = self.cfg.optimizer
+        if o.balance:
+            return publish_due(self.clock.monotonic(), self.last_publish, self.settings.publish_interval_s)
+        return self.p.learner.updates + 1 - self.published_updates >= o.publish_every
+
+    def _checkpoint_due(self) -> bool:
+        return self.lead and self.p.learner.updates - self.last_ckpt_updates >= self.cfg.optimizer.checkpoint_every
+
+    def _checkpoint_job(self):
+        """A host copy of the state now, and the job that stores it."""
+        p, o = self.p, self.cfg.optimizer
+        ckpt = p.checkpoint(self.version)
+        self.last_ckpt_updates = p.learner.updates
+        return lambda: self._until_stored(f"checkpoint v{ckpt.version}",
+                                          lambda: save_checkpoint(p.store, ckpt, o.keep_checkpoints))
 
     def _wait_for_batch(self):
         """A batch, or None at the end of the round (or of the run), once asked to stop, or when the loader is
@@ -224,21 +254,30 @@ class OptimizerLoop:
         return None
 
     def _finish(self):
-        """Leaving: publish what is unpublished, so the final checkpoint holds a published version, and hand
-        the last games to the league."""
-        if self.p.learner.updates > self.published_updates:
-            yield from self._publish()
+        """Leaving: the last games to the league (the last collective), then, on rank 0 alone, the held version
+        and what is unpublished, so the final checkpoint holds a published version. Rank 0 may wait for room on
+        its writer here: no rank waits for it any more. A writer that failed (the store down at the stop) takes
+        nothing more: run_optimizer says so in one line."""
         yield from self._pool_games()
+        writer = self.p.writer
+        while self.lead and self.held is not None and not writer.failed:
+            if not self._queue_held():
+                yield Until(lambda: writer.can_submit() or writer.failed, self.timing.round_s, writer.wait_for_room)
+        if self.p.learner.updates > self.published_updates and not (self.lead and writer.failed):
+            yield from self._publish(wait_s=math.inf)
 
-    def _publish(self):
+    def _publish(self, checkpoint: bool = False, wait_s: float | None = None):
         """Version ``self.version + 1`` (a copy of the weights) queued on rank 0's writer: the object, then LATEST,
-        then the league snapshot; versions older than the newest ``optimizer.keep_versions`` are deleted."""
+        then the league snapshot; versions older than the newest ``optimizer.keep_versions`` are deleted. With
+        ``checkpoint``, the same job then stores a checkpoint of this version, so the two are never split by a
+        full writer. It waits for room at most ``wait_s`` (a round); then the job is held (:meth:`_queue_held`)."""
         self.version += 1
         version, p = self.version, self.p
         if self.lead:
             tensors = p.tensors()
             meta = version_meta(self.cfg, p.learner.updates, self._elapsed())
             keep = self.cfg.optimizer.keep_versions
+            store_checkpoint = self._checkpoint_job() if checkpoint else None
 
             def job() -> None:
                 self._until_stored(f"publishing v{version}", lambda: p.params.publish(version, tensors, meta))
@@ -247,16 +286,38 @@ class OptimizerLoop:
                     p.params.prune(version, keep)
                 except StoreError as e:  # an old version left behind costs storage only: the next prune retries
                     self.log.warning("old parameter versions not deleted yet: %s", e)
-            yield from self._submit(f"publish v{version}", job)
+                if store_checkpoint:
+                    store_checkpoint()
+            yield from self._submit(f"publish v{version}" + (" and checkpoint" if checkpoint else ""), job,
+                                    self.timing.round_s if wait_s is None else wait_s)
         p.report.version(version)
 
-    def _submit(self, name: str, job) -> object:
-        """Queue ``job`` on rank 0's writer once it has room (one job runs, at most one waits behind it)."""
+    def _submit(self, name: str, job: Callable[[], None], wait_s: float):
+        """Queue ``job`` on rank 0's writer, waiting at most ``wait_s`` for room (a round: the other ranks may be
+        waiting in the next collective); a job that finds none is held, and the ranks go on."""
         writer, t0 = self.p.writer, self.clock.monotonic()
-        while not writer.can_submit():
-            yield Until(writer.can_submit, self.timing.round_s, writer.wait_for_room)
-        self.writer_wait_s = max(self.writer_wait_s, self.clock.monotonic() - t0)
-        writer.submit(name, job)
+        deadline = t0 + wait_s
+        while not writer.can_submit() and self.clock.monotonic() < deadline:
+            yield Until(writer.can_submit, min(self.timing.round_s, deadline - self.clock.monotonic()),
+                        writer.wait_for_room)
+        self.held = (name, job, t0)
+        if not self._queue_held() and not writer.failed:
+            self.log.warning("%s waits for rank 0's writer, still storing the last ones (%s is slow or down); "
+                             "the ranks train on and no version is due until it is queued", name,
+                             self.p.store.describe())
+
+    def _queue_held(self) -> bool:
+        """Queue the held job if the writer has room now (never waiting); True when nothing is held any more."""
+        if self.held is None or self.p.writer.failed or not self.p.writer.can_submit():
+            return self.held is None
+        name, job, since = self.held
+        waited = self.clock.monotonic() - since
+        self.held_publish_s = max(self.held_publish_s, waited)
+        if waited > self.timing.round_s:
+            self.log.info("%s queued after %.0fs: the writer has room again", name, waited)
+        self.p.writer.submit(name, job)
+        self.held = None
+        return True
 
     def _pool_games(self):
         """Every rank's tally of games loaded since the last call, summed on rank 0 for the league (a collective:
@@ -274,7 +335,7 @@ class OptimizerLoop:
         self.p.league.fold(Tally.merge(tallies))
 
     def _until_stored(self, what: str, write) -> object:
-        return until_stored(what, write, self.stop, self.log, self.deadline, clock=self.clock)
+        return until_stored(what, write, self.stop, self.log, clock=self.clock)
 
 
 def _decision_values(d: Decision) -> dict[str, float]:
@@ -291,20 +352,17 @@ def _balance_inputs(b) -> dict[str, int]:
             "backlog": b.unused}
 
 
-def until_stored(what: str, write, stop, log, deadline: float = math.inf, first_wait_s: float = 1.0,
-                 max_wait_s: float = 30.0, clock=time):
-    """Retry ``write`` through a store outage, with doubling waits: botocore's own retries cover seconds,
-    an outage can last minutes, and giving up would lose the version (or crash the job). Once asked to
-    stop, the next failure is raised instead (the role then exits with one line). Past ``deadline`` (the
-    run's time limit, wall clock) that is a request to stop: the update loop may be held at its next
-    ``submit`` behind this write, where it cannot see the limit itself."""
+def until_stored(what: str, write, stop, log, first_wait_s: float = 1.0, max_wait_s: float = 30.0, clock=time):
+    """Retry ``write`` through a store outage of any length, with doubling waits: botocore's own retries cover
+    seconds, an outage can last minutes, and giving up would lose the version (or crash the job). It runs on
+    rank 0's writer, which the update loop never waits for (a version that finds the writer busy is held, see
+    :meth:`OptimizerLoop._publish_due`), so with ``run.minutes = 0`` it may retry until the role is stopped.
+    Once asked to stop, the next failure is raised instead (the role then ends with one line, never hangs)."""
     wait = first_wait_s
     while True:
         try:
             return write()
         except StoreError as e:
-            if not stop and clock.time() >= deadline:
-                stop.set("minutes")
             if stop:
                 raise
             log.warning("%s failed, retrying in %.0fs: %s", what, wait, e)
