@@ -167,8 +167,8 @@ def _last_line(log, lead: bool, clean: bool, lease, lost: StoreError | None, sto
                   "and there is no final checkpoint: --resume continues from the newest one stored", where,
                   " ".join(str(lost).split()))
     elif clean and lease.held:
-        log.info("%s; final checkpoint written; versions waited at most %.0f s for the background writer while "
-                 "the ranks trained on", where, loop.held_publish_s)
+        log.info("%s; final checkpoint written; a version waited at most %.1f s for the background writer (past "
+                 "a round, held while the ranks trained on)", where, loop.held_publish_s)
     else:
         log.warning("%s; no final checkpoint", where)
 
