@@ -221,8 +221,8 @@ class abort_on_error(contextlib.ContextDecorator):
     """Wrap an MPI entry point so one failing rank ends the whole job instead of hanging the others.
 
     On an exception (or a non-zero ``sys.exit``): print ``rapid: rank R: <ErrorType>: <message>`` to stderr
-    (the traceback too when ``RAPID_TRACEBACK=1``) and call ``MPI.COMM_WORLD.Abort(1)``. Outside MPI the
-    exception propagates unchanged.
+    (the traceback too when ``RAPID_TRACEBACK=1``) and call ``MPI.COMM_WORLD.Abort(code)``: the exception's
+    ``exit_code`` (2 for a usage error, a layout error), else 1. Outside MPI the exception propagates unchanged.
     """
 
     def __init__(self, identity: Identity | None = None):
@@ -243,7 +243,8 @@ class abort_on_error(contextlib.ContextDecorator):
         message = " ".join(str(exc).split())
         print(f"rapid: rank {identity.rank}: {exc_type.__name__}: {message}", file=sys.stderr, flush=True)
         wait_until_pipe_read(sys.stderr.fileno())
-        mpi().COMM_WORLD.Abort(1)
+        code = getattr(exc, "exit_code", 1)  # a usage error's 2 (infra cannot import rapid.errors: duck-typed)
+        mpi().COMM_WORLD.Abort(code)
         # pip's MPICH can return from Abort; without this, Python would go on unwinding and print a
         # traceback before the launcher kills the rank.
-        os._exit(1)
+        os._exit(code)

@@ -44,6 +44,8 @@ class LayoutError(ValueError):
     """A layout of ranks and devices that cannot run (a launcher's variables that contradict each other, no
     CUDA, two ranks on one GPU): a usage error, not a bug."""
 
+    exit_code = 2
+
 
 @dataclass(frozen=True)
 class Identity:

@@ -262,8 +262,8 @@ class MetricsConfig:
     """Address the /metrics servers listen on (0.0.0.0: reachable from other machines)."""
     tensorboard: bool = True
     """Write TensorBoard event files under RUN_DIR/logs/tb/ (`tensorboard --logdir RUN_DIR/logs/tb`): the
-    evaluator's win rates and ratings by version, and the curves of an optimizer report given them
-    (``OptimizerReport(curves=…)``: losses, KL, entropy, throughput, staleness, reuse by update)."""
+    evaluator's win rates and ratings by version, and rank 0 of the optimizer's losses, KL, entropy, throughput,
+    staleness and reuse by update."""
     wandb: str = ""
     """Log the same curves to Weights & Biases: 'offline' (files under RUN_DIR/logs/wandb/; `wandb sync` them
     later) or 'online' (after `wandb login`); needs `pip install 'rapid[wandb]'`. Project: $WANDB_PROJECT,

@@ -4,6 +4,8 @@
 class UsageError(Exception):
     """Bad command-line arguments or configuration: reported as one line, exit code 2."""
 
+    exit_code = 2
+
 
 class FormatError(ValueError):
     """A stored object that is corrupt, truncated, oversized, of an unknown format or hostile.

@@ -97,8 +97,6 @@ def test_the_evaluator_writes_tensorboard_and_wandb_curves(trained):
         (e["version"], pytest.approx(e["win_rate"])) for e in evals]
 
 
-@pytest.mark.xfail(strict=True, reason="needs rapid/roles/optimizer.py to hand OptimizerReport its curves "
-                                       "(curves=open_curves(...) on rank 0)")
 def test_the_optimizer_writes_tensorboard_and_wandb_curves(trained):
     ops = [json.loads(line) for line in (trained / "logs" / "optimizer.jsonl").read_text().splitlines()]
     scalars = tensorboard_scalars(trained / "logs" / "tb")

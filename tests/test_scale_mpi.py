@@ -365,3 +365,11 @@ def test_a_failing_rank_runs_no_python_after_the_abort():
     assert result.returncode != 0
     assert "rapid: rank 1: RuntimeError: rank 1 fails" in result.stderr
     assert "RAN ON AFTER ABORT" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("kind, code", [("usage", 2), ("bug", 1)])
+def test_a_rank_with_a_usage_error_ends_the_job_with_exit_code_2(kind, code):
+    result = subprocess.run(mpiexec(2, sys.executable, str(SCRIPTS / "rank_raises.py"), kind),
+                            capture_output=True, text=True, timeout=60, env=child_env())
+    assert result.returncode == code, result.stderr[-2000:]
+    assert len([x for x in result.stderr.splitlines() if x.startswith("rapid: rank 1: ")]) == 1

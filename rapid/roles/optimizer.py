@@ -27,6 +27,7 @@ from rapid.infra.distributed import ALONE, Identity, LayoutError, choose_device_
 from rapid.infra.store import StoreError
 from rapid.lease import RunLease
 from rapid.loader import ExperienceLoader
+from rapid.monitoring.curves import open_curves
 from rapid.monitoring.metrics import OptimizerMetrics
 from rapid.opt.buffer import ExperienceBuffer
 from rapid.opt.learner import Learner, allow_tf32, precision_settings
@@ -118,7 +119,9 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
         # A cluster run has no launcher: keep the config beside the logs so `rapid eval --run-dir` works.
         with open(f"{derived.run_dir}/config.toml", "w") as f:
             f.write(to_toml(cfg))
-    report = OptimizerReport(metrics, oplog, buffer, loader, skipped=lambda: learner.skipped)
+    curves = (open_curves(derived.run_dir, "optimizer", cfg.run.name, cfg.metrics.tensorboard, cfg.metrics.wandb)
+              if lead else None)
+    report = OptimizerReport(metrics, oplog, buffer, loader, skipped=lambda: learner.skipped, curves=curves)
     writer = BackgroundWriter(on_done=report.writer_done)
     parts = Parts(learner, buffer, loader, writer, params, league, report, tensors=policy.tensors,
                   checkpoint=lambda v: _snapshot(learner, v), store=store)
