@@ -98,10 +98,14 @@ def test_the_evaluator_writes_tensorboard_and_wandb_curves(trained):
 
 
 def test_the_optimizer_writes_tensorboard_and_wandb_curves(trained):
+    """The run may stop at its first evaluation before any update (a win against random is easy): the optimizer's
+    curves then exist and are empty; every record it wrote is a point of them."""
     ops = [json.loads(line) for line in (trained / "logs" / "optimizer.jsonl").read_text().splitlines()]
+    assert len(list((trained / "logs" / "tb").glob("events.out.tfevents.*.optimizer"))) == 1  # rank 0 wired
     scalars = tensorboard_scalars(trained / "logs" / "tb")
-    assert scalars["loss/policy"] == [(o["update"], pytest.approx(o["policy_loss"])) for o in ops]
-    assert {"loss/approx_kl", "loss/entropy", "throughput/samples_per_s", "balance/sample_reuse"} <= set(scalars)
+    assert scalars.get("loss/policy", []) == [(o["update"], pytest.approx(o["policy_loss"])) for o in ops]
+    if ops:
+        assert {"loss/approx_kl", "loss/entropy", "throughput/samples_per_s", "balance/sample_reuse"} <= set(scalars)
     [optimizer_run] = (trained / "logs" / "wandb").glob("offline-run-*-optimizer/run-*.wandb")
     rows = [r for r in wandb_history(optimizer_run) if "loss/policy" in r]
     assert [r["step"] for r in rows] == [o["update"] for o in ops]
