@@ -122,7 +122,9 @@ class OptimizerConfig:
     """Samples more than this many versions behind are dropped."""
     max_reuse: float = 2.0
     """Without balancing: wait for new experience rather than draw a sample more than ceil(max_reuse)
-    times or consume more than max_reuse × the samples received (less those wasted before any use)."""
+    times or consume more than max_reuse × the samples received (less those wasted before any use). With
+    balancing and several ranks: the most a rank short of fresh samples may reuse while its peers hold a batch
+    on average, instead of holding them all back (the mean stays at target_reuse)."""
     target_reuse: float = 1.0
     """With balancing: the reuse held (samples consumed per sample received; OpenAI Five: about 1)."""
     balance: bool = True
@@ -137,6 +139,10 @@ class OptimizerConfig:
     one version means one upload behind)."""
     publish_every: int = 1
     """Without balancing: publish a parameter version every this many updates."""
+    fold_interval_s: float = 0.0
+    """Seconds between two poolings of the ranks' game tallies for the league, whether or not the ranks train
+    meanwhile (0: half the publish interval with balancing, so a game is folded within one publish interval of
+    its upload; at each publish without)."""
     checkpoint_every: int = 50
     """Checkpoint every this many updates (and at the end)."""
     keep_checkpoints: int = 3

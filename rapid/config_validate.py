@@ -63,6 +63,7 @@ def validate(cfg: Config) -> list[str]:
         e.append(f"optimizer.max_batch_samples ({o.max_batch_samples}) must be within batch_samples … "
                  f"buffer_samples ({o.batch_samples} … {o.buffer_samples})")
     _positive(e, "optimizer.publish_interval_s", o.publish_interval_s, allow_zero=True)
+    _positive(e, "optimizer.fold_interval_s", o.fold_interval_s, allow_zero=True)
     if o.decode_workers < -1:
         e.append(f"optimizer.decode_workers must be -1 (auto), 0 or more (got {o.decode_workers})")
     _positive(e, "optimizer.checkpoint_every", o.checkpoint_every)

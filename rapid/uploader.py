@@ -84,10 +84,12 @@ class _Waiting:
 class Uploader:
     def __init__(self, store: Store, worker: str, interval_s: float, max_backlog: int, shards: int = 1,
                  max_backlog_bytes: int = 256 << 20, on_upload=None, on_failure=None, on_drop=None,
-                 clock=time.time, max_object_samples: int = 0):
+                 clock=time.time, max_object_samples: int = 0, incarnation: str | None = None):
         self.store, self.worker, self.shards = store, worker, shards
         self.interval_s, self.max_backlog, self.max_backlog_bytes = interval_s, max_backlog, max_backlog_bytes
-        self.incarnation = f"{int(time.time())}{os.getpid() % 100000:05d}{uuid.uuid4().hex[:6]}"
+        # Unique to this process's life (a restarted worker's keys never collide with its old ones); a seeded
+        # simulation passes its own to be repeatable.
+        self.incarnation = incarnation or f"{int(time.time())}{os.getpid() % 100000:05d}{uuid.uuid4().hex[:6]}"
         self.on_upload, self.on_failure, self.on_drop = on_upload, on_failure, on_drop
         self.clock = clock
         self.max_object_samples = max_object_samples

@@ -244,3 +244,45 @@ def test_the_agreement_carries_rank_0s_values_whether_the_collective_sums_or_ave
             v = end.value.value
             assert v.publish and v.everyone_ready and not v.leave
             assert v.lead_values["batch"] == pytest.approx(96.0) and v.mean_values["backlog"] == pytest.approx(20.0)
+
+
+class Short(Buffer):
+    """A rank's buffer with no fresh sample: it has a batch only for a draw that may reuse (``max_reuse`` > 1)."""
+
+    def sample(self, batch, version, rng, max_reuse, timeout=0.0):
+        return super().sample(batch, version, rng, max_reuse) if max_reuse > 1 else None
+
+
+def test_a_rank_short_of_fresh_samples_reuses_rather_than_holding_its_peers(tmp_path):
+    """Objects reach the ranks unevenly: rank 1 has none fresh while rank 0 has thousands. Today rank 1 held
+    both ranks back every round; now it may reuse up to optimizer.max_reuse while the ranks' mean backlog holds a
+    batch, and both train."""
+    cfg = config("run.minutes=0.1", "optimizer.batch_samples=32", "optimizer.target_reuse=1.0",
+                 "optimizer.max_reuse=2.0", "optimizer.publish_interval_s=1.0")
+    store = LocalStore(tmp_path)
+    ranks = [make_rank(0, 2, cfg, store, backlog=5_000), make_rank(1, 2, cfg, store)]
+    ranks[1].loop.p.buffer = Short(backlog=0)
+
+    def writer_runs(rank: int, t: float) -> None:
+        while rank == 0 and ranks[0].writer.run_next():
+            pass
+
+    in_step(ranks, writer_runs)
+    assert ranks[0].learner.updates == ranks[1].learner.updates > 20
+
+
+def test_games_are_pooled_for_the_league_every_half_publish_interval_trained_or_not(tmp_path):
+    """No rank has a batch (the rollouts paused), yet the games the ranks loaded reach the league every half
+    publish interval. Today they were pooled only at a publish, which needs an update: not before the stop."""
+    cfg = config("run.minutes=1.1", "optimizer.publish_interval_s=60.0")
+    store = LocalStore(tmp_path)
+    ranks = [make_rank(r, 2, cfg, store) for r in range(2)]
+    folds: list[tuple[float, int]] = []
+    for rank in ranks:
+        rank.loop.p.buffer = Short(backlog=0)  # never a draw at target_reuse 1, and the mean backlog is 0
+        rank.loop.p.loader.take_tally = lambda: Tally({"latest": [1, 0, 0]})
+    ranks[0].rec.fold = lambda tally: folds.append((ranks[0].clock.t, tally.games))
+    in_step(ranks)
+    assert sum(r.learner.updates for r in ranks) == 0
+    during = [t for t, games in folds if games and t < 60.0]
+    assert during and min(during) == pytest.approx(30.0, abs=2.0), folds

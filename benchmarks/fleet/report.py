@@ -12,7 +12,8 @@ from .store import FAMILIES, OPS, PRICE_PER_1000
 
 
 def pct(values, q: float) -> float:
-    return float(np.percentile(values, q)) if len(values) else math.nan
+    """The q-th percentile, an observed value (so an infinite lag, a game never folded, can be one)."""
+    return float(np.percentile(values, q, method="higher")) if len(values) else math.nan
 
 
 def counter_pct(counter, q: float) -> float:

@@ -51,6 +51,7 @@ from .standins import PARAM_TENSORS, Costs, CpuCharged, NullMetrics, SimLearner,
 SHAPE = Shape(bptt=16, obs_dim=8, mask_dim=4, heads=1, lstm=8)
 """A small sample (~1 KB encoded): object sizes are scaled up to the target in the latency model."""
 MONITOR_S = 5.0  # how often the share of workers on a current version is sampled
+STOP_GRACE_S = 30.0  # after the ranks are stopped: their last publish and the league's last fold
 QUIET = logging.getLogger("fleet.quiet")
 QUIET.setLevel(logging.CRITICAL)  # thousands of simulated processes: failures are counted, not logged
 
@@ -163,7 +164,8 @@ class Worker:
         store = fleet.charged(fleet.store)
         reads = fleet.node_store(index, store)
         shards = 1 if fleet.faults.one_shard else (read_layout(store) or 1)
-        self.uploader = Uploader(store, self.id, s.upload_s, s.max_backlog, shards=shards, clock=clock.time)
+        self.uploader = Uploader(store, self.id, s.upload_s, s.max_backlog, shards=shards, clock=clock.time,
+                                 incarnation=f"{at:.0f}{int(rng.integers(1 << 24)):06x}")
         self.poller = ParamPoller(ParameterStore(reads), s.param_poll_s, QUIET, on_failure=fleet.poller_failed,
                                   rng=random.Random(int(rng.integers(1 << 31))))
         sampler = OpponentSampler(League(reads, clock=clock.time), fleet.cfg.league, clock=clock.monotonic)
@@ -387,6 +389,13 @@ class Fleet:
             w.leave()
         yield None
 
+    def _stop_ranks(self):
+        """After the drain the optimizer job is stopped, as a signal stops it: every rank's loop agrees to leave,
+        and on its way out publishes what is unpublished and hands the last games to the league."""
+        for r in self.ranks:
+            r.stop.set("stopped")
+        yield None
+
     def _half(self):
         self.live_half = self.store.live()  # live objects at half time: growth shows against the end's
         yield None
@@ -397,8 +406,9 @@ class Fleet:
         self.live_half: dict = {}
         self.sched.start(Actor("half", self._half()), self.s.sim_s / 2)
         self.sched.start(Actor("stop", self._stop_workers()), self.s.sim_s)
+        self.sched.start(Actor("stop ranks", self._stop_ranks()), self.s.sim_s + self.s.drain_s)
         try:
-            self.sched.run(self.s.sim_s + self.s.drain_s, progress)
+            self.sched.run(self.s.sim_s + self.s.drain_s + STOP_GRACE_S, progress)
         except OutOfTime as e:
             self.reached = e.at
         else:

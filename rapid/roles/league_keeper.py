@@ -11,7 +11,7 @@ Usage::
     >>> from rapid.config import Config
     >>> from rapid.infra.store import LocalStore
     >>> keeper = LeagueKeeper(LocalStore(tempfile.mkdtemp()), Config())
-    >>> keeper.fold(Tally({"latest": [3, 1, 0]}))        # rank 0, at a publish, with every rank's games
+    >>> keeper.fold(Tally({"latest": [3, 1, 0]}))        # rank 0, every fold interval, with every rank's games
     >>> keeper.close()                                    # at the end: what is pending is written
     >>> keeper.league.read().latest_games
     4

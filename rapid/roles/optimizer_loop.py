@@ -126,6 +126,12 @@ class OptimizerLoop:
         self.batch = self.settings.batch
         """The batch size every rank draws: rank 0's decision, adopted by all on the same iteration."""
         self.started, self.last_publish = clock.time(), clock.monotonic()
+        o = cfg.optimizer
+        self.pool_interval_s = o.fold_interval_s or (self.settings.publish_interval_s / 2 if o.balance else 0.0)
+        """Rank 0 has the ranks pool their games for the league this often (0: at each publish)."""
+        self.last_pool = clock.monotonic()
+        self.peers_backlog = 0.0
+        """The ranks' mean count of unused samples, as the last agreement carried it."""
         self.last_ckpt_updates = self.published_updates = parts.learner.updates
         self.deadline = self.started + 60 * cfg.run.minutes if cfg.run.minutes else math.inf
         self.failed_in_row, self.exit_code = 0, 0
@@ -148,13 +154,18 @@ class OptimizerLoop:
             if self.lead and not self.stop:  # once stopping, a store failure is run_optimizer's to report
                 self.p.writer.check()  # a job that failed ends the role here, as it would at the next submit
             self._queue_held()
+            lead_values = {**_decision_values(self.decision), "pool": float(self._pool_due())}
             verdict = yield from self.agree.decide(bool(self.stop), self._publish_due(), batch is not None,
-                                                   lead_values=_decision_values(self.decision),
+                                                   lead_values=lead_values,
                                                    mean_values=_balance_inputs(p.buffer.stats()))
+            self.peers_backlog = verdict.mean_values.get("backlog", 0.0)
             if verdict.leave:
                 self.stop.set("another rank stopped")  # no-op when this rank asked
                 yield from self._finish()
                 return self.exit_code
+            if verdict.lead_values["pool"] > 0.5:  # league: every rank's games, pooled; rank 0 folds them off-loop
+                self.last_pool = self.clock.monotonic()
+                yield from self._pool_games()
             if not verdict.everyone_ready:
                 pending = batch
                 self.waiting.still(p.loader.stats.objects, self.clock.monotonic())
@@ -192,8 +203,8 @@ class OptimizerLoop:
             if verdict.publish:
                 self.last_publish, self.published_updates = self.clock.monotonic(), p.learner.updates
                 yield from self._publish(checkpoint=self._checkpoint_due())
-                # 4. league: every rank's games since the last version, pooled; rank 0 folds them off this thread
-                yield from self._pool_games()
+                if not self.pool_interval_s:  # 4. league: the games pooled at each version (no interval of its own)
+                    yield from self._pool_games()
             # 5. checkpoint (rank 0, background), when the writer has room now: the loop never waits for one
             elif self._checkpoint_due() and self.held is None and p.writer.can_submit():
                 p.writer.submit(f"checkpoint v{self.version}", self._checkpoint_job())
@@ -228,6 +239,21 @@ class OptimizerLoop:
             return publish_due(self.clock.monotonic(), self.last_publish, self.settings.publish_interval_s)
         return self.p.learner.updates + 1 - self.published_updates >= o.publish_every
 
+    def _draw_cap(self) -> float:
+        """How often a sample may be drawn: the target reuse. One rank of several that is short of fresh samples
+        while the ranks hold a batch's worth on average may draw up to ``optimizer.max_reuse`` (fresh samples
+        first) rather than hold every peer back a round: objects reach the ranks unevenly, and the balancer
+        holds the ranks' mean reuse at the target. Where every rank is short, all wait, as one rank does."""
+        target = self.settings.target_reuse
+        if self.agree.grouped and self.peers_backlog >= self.batch:
+            return max(target, self.cfg.optimizer.max_reuse)
+        return target
+
+    def _pool_due(self) -> bool:
+        """Rank 0's view: the ranks' game tallies are due to be pooled (every ``pool_interval_s``, trained or not)."""
+        return (self.lead and self.pool_interval_s > 0
+                and self.clock.monotonic() - self.last_pool >= self.pool_interval_s)
+
     def _checkpoint_due(self) -> bool:
         return self.lead and self.p.learner.updates - self.last_ckpt_updates >= self.cfg.optimizer.checkpoint_every
 
@@ -245,8 +271,7 @@ class OptimizerLoop:
         p, t = self.p, self.timing
         until = min(self.deadline, self.clock.time() + t.round_s)
         while not self.stop and p.loader.failure is None and self.clock.time() < until:
-            batch = p.buffer.sample(self.batch, self.version, self.rng, self.settings.target_reuse,
-                                    timeout=t.sample_wait_s)
+            batch = p.buffer.sample(self.batch, self.version, self.rng, self._draw_cap(), timeout=t.sample_wait_s)
             if batch is not None:
                 return batch
             if t.idle_s:
@@ -344,7 +369,8 @@ def _decision_values(d: Decision) -> dict[str, float]:
 
 
 def _decision_of(values: dict[str, float]) -> Decision:
-    return Decision(**{**values, "batch": round(values["batch"]), "overloaded": values["overloaded"] > 0.5})
+    fields = {k: v for k, v in values.items() if k in Decision.__dataclass_fields__}
+    return Decision(**{**fields, "batch": round(values["batch"]), "overloaded": values["overloaded"] > 0.5})
 
 
 def _balance_inputs(b) -> dict[str, int]:
