@@ -209,7 +209,7 @@ def resume_point(store: Store, policy, adam: torch.optim.Optimizer, log: logging
                  tries: int = LOAD_TRIES, wait_s: float = 1.0) -> ResumePoint:
     """Load the newest usable state into ``policy`` and ``adam``; UsageError when the store has none, or when
     one could not be read for a transient reason (``tries`` times: see :func:`_retried`)."""
-    newest = newest_version_in_use(store)
+    newest = newest_version_in_use(store) or 0  # None: nothing stored, so no candidate below either
     floor = surgery_floor(store)
     fresh = copy.deepcopy(adam.state_dict())
     for version in _candidates(store):

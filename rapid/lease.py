@@ -124,7 +124,11 @@ class RunLease:
 
     @property
     def held(self) -> bool:
-        return self.epoch is not None and not self.lost
+        return self._held_epoch() is not None
+
+    def _held_epoch(self) -> int | None:
+        """The epoch this holder wrote last, or None when it holds no lease (never acquired, lost, released)."""
+        return None if self.lost else self.epoch
 
     def _doc(self, released: bool = False) -> bytes:
         holder = Holder(self.owner, self.host, self.pid, self.clock() + self.ttl_s, released)
@@ -155,14 +159,16 @@ class RunLease:
 
     def renew(self) -> bool:
         """Write the next epoch; False (and ``lost``) if another process wrote it first."""
-        if not self.held:
+        epoch = self._held_epoch()
+        if epoch is None:
             return False
-        if not self.store.put_if_absent(lease_key(self.epoch + 1), self._doc()):
+        if not self.store.put_if_absent(lease_key(epoch + 1), self._doc()):
             self.lost = True
             return False
-        self.epoch += 1
-        if self.epoch > KEEP_EPOCHS:
-            self.store.delete(lease_key(self.epoch - KEEP_EPOCHS))
+        epoch += 1
+        self.epoch = epoch
+        if epoch > KEEP_EPOCHS:
+            self.store.delete(lease_key(epoch - KEEP_EPOCHS))
         return True
 
     def keep(self, stop) -> None:
@@ -184,8 +190,9 @@ class RunLease:
 
     def abandon(self) -> None:
         """Undo :meth:`acquire` of a holder that never started: remove the epoch it wrote."""
-        if self.held and self._thread is None:
-            self.store.delete(lease_key(self.epoch))
+        epoch = self._held_epoch()
+        if epoch is not None and self._thread is None:
+            self.store.delete(lease_key(epoch))
         self.epoch = None
 
     def release(self) -> None:
@@ -193,10 +200,11 @@ class RunLease:
         self._done.set()
         if self._thread is not None:
             self._thread.join()
-        if self.held:
+        epoch = self._held_epoch()
+        if epoch is not None:
             try:
-                if self.store.put_if_absent(lease_key(self.epoch + 1), self._doc(released=True)):
-                    self.epoch += 1
+                if self.store.put_if_absent(lease_key(epoch + 1), self._doc(released=True)):
+                    self.epoch = epoch + 1
             except StoreError as e:
                 log.warning("lease not released (it expires in %.0fs): %s", self.ttl_s, e)
         self.epoch = None

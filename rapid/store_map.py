@@ -337,7 +337,7 @@ def read_run(store: Store) -> tuple[int, str | None] | None:
         doc = None
     shards = doc.get("experience_shards") if isinstance(doc, dict) and doc.get("format") == LAYOUT_FORMAT else None
     run_id = doc.get("run_id", "") if isinstance(doc, dict) else None
-    _check_layout(shards, run_id)
+    shards, run_id = _check_layout(shards, run_id)
     return shards, run_id or None
 
 
@@ -347,10 +347,11 @@ def _layout(shards: int, run_id: str) -> dict:
     return {"format": LAYOUT_FORMAT, "version": 1, "experience_shards": shards, "run_id": run_id}
 
 
-def _check_layout(shards, run_id) -> None:
+def _check_layout(shards: object, run_id: object) -> tuple[int, str]:
     if (not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= MAX_SHARDS
             or not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id)):
         raise FormatError(f"{LAYOUT} is not a rapid layout document")
+    return shards, run_id
 
 
 def renew_run_id(store: Store) -> str | None:

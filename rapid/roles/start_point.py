@@ -37,6 +37,7 @@ import torch
 from rapid.checkpoints import LOAD_TRIES, ResumePoint, load_resume_point, newest_version_in_use, resume_point
 from rapid.errors import UsageError
 from rapid.infra.store import Store
+from rapid.opt.model import Policy
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class Start:
     """sha256 of this rank's state (:func:`state_digest`); every rank's is the same."""
 
 
-def state_digest(policy: torch.nn.Module, adam: torch.optim.Optimizer, updates: int, version: int) -> str:
+def state_digest(policy: Policy, adam: torch.optim.Optimizer, updates: int, version: int) -> str:
     """sha256 over the parameters and buffers, Adam's moments, step counts and hyperparameters, the update count
     and the version: equal only if each is bit-identical."""
     h = hashlib.sha256(json.dumps({"updates": updates, "version": version}).encode())
@@ -65,17 +66,16 @@ def state_digest(policy: torch.nn.Module, adam: torch.optim.Optimizer, updates: 
     return h.hexdigest()
 
 
-def agree_on_start(ctx, store: Store, policy: torch.nn.Module, adam: torch.optim.Optimizer, resume: bool, rank: int,
+def agree_on_start(ctx, store: Store, policy: Policy, adam: torch.optim.Optimizer, resume: bool, rank: int,
                    log: logging.Logger, prepare: Callable[[], None] | None = None, tries: int = LOAD_TRIES,
                    wait_s: float = 1.0) -> Start:
     """Load the one start point into ``policy`` and ``adam`` on every rank (see the module docstring).
     ``prepare``: rank 0's work once it has chosen (the run's layout), before the other ranks read the store; its
     failure stops every rank like a failed load. ``tries``/``wait_s``: of a load through transient errors."""
-    retry = {"tries": tries, "wait_s": wait_s}
     choice: dict = {}
     if rank == 0:
         try:
-            choice = _choose(store, policy, adam, resume, log, retry)
+            choice = _choose(store, policy, adam, resume, log, tries, wait_s)
         except Exception as e:  # sent to the others first, so they stop with it instead of waiting for a choice
             _exchange(ctx, {"error": f"rank 0: {_line(e)}"})
             raise
@@ -88,7 +88,7 @@ def agree_on_start(ctx, store: Store, policy: torch.nn.Module, adam: torch.optim
         if point is None and ctx is not None:
             ctx.broadcast_parameters(policy, src=0)  # a fresh run starts from rank 0's initial weights
         elif point is not None and rank != 0:
-            load_resume_point(store, point, policy, adam, log, **retry)
+            load_resume_point(store, point, policy, adam, log, tries=tries, wait_s=wait_s)
     except Exception as e:  # any rank's failure stops every rank together (below), not one while others wait
         problem = f"rank {rank} could not load {point.source if point else 'the start point'}, which rank 0 " \
                   f"chose: {_line(e)}"
@@ -112,10 +112,10 @@ def agree_on_start(ctx, store: Store, policy: torch.nn.Module, adam: torch.optim
     return Start(version, updates, source, digest)
 
 
-def _choose(store: Store, policy, adam, resume: bool, log: logging.Logger, retry: dict) -> dict:
+def _choose(store: Store, policy, adam, resume: bool, log: logging.Logger, tries: int, wait_s: float) -> dict:
     """Rank 0's choice, loaded into its own ``policy`` and ``adam``."""
     if resume:
-        return {"point": asdict(resume_point(store, policy, adam, log, **retry))}
+        return {"point": asdict(resume_point(store, policy, adam, log, tries=tries, wait_s=wait_s))}
     if newest_version_in_use(store) is not None:
         raise UsageError(f"{store.describe()} already holds published parameters; use --resume or a new run dir")
     return {}
