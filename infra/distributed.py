@@ -232,16 +232,16 @@ class abort_on_error(contextlib.ContextDecorator):
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> bool:
+                 tb: TracebackType | None) -> None:
         if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
-            return False
+            return
         identity = self.identity or detect_identity()
         if not identity.under_mpi:
-            return False
+            return
         if os.environ.get("RAPID_TRACEBACK") == "1":
             traceback.print_exception(exc_type, exc, tb, file=sys.stderr)
         message = " ".join(str(exc).split())
-        print(f"rapid: rank {identity.rank}: {exc_type.__name__}: {message}", file=sys.stderr, flush=True)
+        print(f"rapid: rank {identity.rank}: {type(exc).__name__}: {message}", file=sys.stderr, flush=True)
         wait_until_pipe_read(sys.stderr.fileno())
         code = getattr(exc, "exit_code", 1)  # a usage error's 2 (infra cannot import rapid.errors: duck-typed)
         mpi().COMM_WORLD.Abort(code)

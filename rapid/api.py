@@ -30,9 +30,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -138,7 +139,7 @@ def source_config(source: str | os.PathLike, config: Config | str | os.PathLike 
     return replace(cfg, store=replace(cfg.store, url=text))
 
 
-def run_dir_config(run_dir: str | os.PathLike | None, extra: list[str] = ()) -> Config:
+def run_dir_config(run_dir: str | os.PathLike | None, extra: Sequence[str] = ()) -> Config:
     """The config saved in a run directory, with the run directory pinned to where it is now."""
     if not run_dir:
         raise UsageError("--run-dir is required")
@@ -160,7 +161,7 @@ class TrainResult:
 
 
 def train(config: Config | str | os.PathLike | None = None, minutes: float | None = None,
-          updates: int | None = None, run_dir: str | os.PathLike | None = None, overrides: list[str] = (),
+          updates: int | None = None, run_dir: str | os.PathLike | None = None, overrides: Sequence[str] = (),
           workers: int | None = None, in_process: bool = False, progress: bool = False) -> TrainResult:
     """`rapid train` from Python: ``config`` is a Config, a TOML path or None (the defaults), ``overrides``
     ``section.key=value`` strings as ``--set`` takes them. Runs until ``minutes``, ``updates`` or the config's
@@ -168,7 +169,7 @@ def train(config: Config | str | os.PathLike | None = None, minutes: float | Non
     ``logs/in-process.log``). Returns the run directory and the summary. Bad config: UsageError."""
     from rapid.roles.launcher import fresh_run_dir, run_train
 
-    run = {k: v for k, v in (("minutes", minutes), ("updates", updates), ("num_workers", workers),
+    run: dict[str, Any] = {k: v for k, v in (("minutes", minutes), ("updates", updates), ("num_workers", workers),
                              ("dir", None if run_dir is None else Path(run_dir).as_posix())) if v is not None}
     if isinstance(config, Config):
         if overrides:

@@ -11,6 +11,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from rapid import agent_cli
@@ -129,11 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from rapid.league import cli as league_cli
 
-    league = league_cli.build_parser(sub)
-    for action in league._subparsers._group_actions:
-        for command in action.choices.values():
-            _run_dir_arg(command)
-            command.add_argument("--store", help="store URL of the run instead of --run-dir, e.g. s3://bucket/run")
+    for command in league_cli.build_parser(sub):
+        _run_dir_arg(command)
+        command.add_argument("--store", help="store URL of the run instead of --run-dir, e.g. s3://bucket/run")
     from rapid.surgery import cli as surgery_cli
 
     surgery_cli.add_arguments(sub.add_parser("surgery", help=surgery_cli.HELP, description=surgery_cli.__doc__,
@@ -141,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load(args: argparse.Namespace, extra: list[str] = ()):
+def load(args: argparse.Namespace, extra: Sequence[str] = ()):
     from rapid.config import load_config
 
     return load_config(getattr(args, "config", None), [*args.set, *extra])
@@ -251,11 +250,13 @@ def cmd_replay(args) -> int:
     bots = env.bot_names()
     if not args.run_dir and any(p not in bots for p in args.players):
         raise UsageError(f"without --run-dir only bots can play ({', '.join(bots)})")
-    params = ParameterStore(open_run_store(cfg)) if args.run_dir else None
     if args.frame_every < 1 or args.fps <= 0:
         raise UsageError("rapid replay: --frame-every must be ≥ 1 and --fps > 0")
-    players = [p if p in bots else make_player(p, cfg, env, params, seed=args.seed, greedy=args.greedy)
-               for p in args.players]
+    players = list(args.players)
+    if args.run_dir:
+        params = ParameterStore(open_run_store(cfg))
+        players = [p if p in bots else make_player(p, cfg, env, params, seed=args.seed, greedy=args.greedy)
+                   for p in players]
     result = write_replay(cfg.env.options, players, args.out, seed=args.seed, max_steps=args.max_steps,
                           fps=args.fps, frame_every=args.frame_every)
     print(f"wrote {args.out}: {args.players[0]} vs {args.players[1]}, {replay_outcome(result, args.players)}")

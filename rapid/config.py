@@ -20,6 +20,7 @@ import logging
 import os
 import tomllib
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -397,7 +398,7 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()) -> Config:
+def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> Config:
     """Defaults ← TOML file ← ``section.key=value`` overrides, then validated."""
     data: dict[str, Any] = {}
     if path:

@@ -32,7 +32,8 @@ def field_docs(cls: type) -> dict[str, str]:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):  # defined where no source is kept (an interactive session)
         return {}
-    body = ast.parse(source).body[0].body
+    definition = ast.parse(source).body[0]
+    body = definition.body if isinstance(definition, ast.ClassDef) else []
     docs = {}
     for node, after in zip(body, body[1:]):
         if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
@@ -131,8 +132,9 @@ def _default(f: dataclasses.Field) -> Any:
 def _rows(obj: Any, prefix: str) -> list[str]:
     """One entry per field of dataclass instance ``obj``: name, type, value (and default where it differs),
     then its doc."""
-    hints = typing.get_type_hints(type(obj))
-    docs = field_docs(type(obj))
+    cls: type = type(obj)  # as type[Any], mypy takes it for unhashable (field_docs is cached by class)
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
     lines = []
     for f in dataclasses.fields(obj):
         value, default = getattr(obj, f.name), _default(f)

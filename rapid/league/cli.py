@@ -2,7 +2,7 @@
 
 Wiring (the top-level CLI owns the store URL option and the evaluation code)::
 
-    league_parser = build_parser(subparsers)          # adds "league" with its subcommands
+    commands = build_parser(subparsers)               # adds "league"; returns its subcommands' parsers
     args = parser.parse_args()
     code = run(args, open_store(args.run), play_match=play_match)   # play_match only needed by "rate"
 
@@ -57,7 +57,8 @@ PlayMatch = Callable[[str, str, int], tuple[int, int, int]]
 """``play_match(member_a, member_b, games) -> (wins_a, wins_b, draws)``, injected by the CLI owner."""
 
 
-def build_parser(subparsers) -> argparse.ArgumentParser:
+def build_parser(subparsers) -> list[argparse.ArgumentParser]:
+    """Adds ``league`` to ``subparsers``; returns its commands' parsers (the caller adds its store options)."""
     p = subparsers.add_parser("league", help="inspect and manage the opponent pool")
     sub = p.add_subparsers(dest="league_cmd", metavar="COMMAND", required=True)
     ls = sub.add_parser("ls", help="list pool members with quality, rating and win rate")
@@ -82,7 +83,7 @@ def build_parser(subparsers) -> argparse.ArgumentParser:
     rate.add_argument("--version", type=int, help="learner version to rate (default: latest)")
     rate.add_argument("--games", type=int, default=10, help="games against each opponent")
     rate.add_argument("members", nargs="*", help="opponents (default: every active member)")
-    return p
+    return list(sub.choices.values())
 
 
 def run(args: argparse.Namespace, store: Store, play_match: PlayMatch | None = None) -> int:

@@ -79,7 +79,7 @@ class Prepared:
 def config_changes(old: Config, new: Config) -> list[str]:
     """``section.key: before → after`` for every value that differs (env options included)."""
     def flat(tree: dict, prefix: str = "") -> dict:
-        out = {}
+        out: dict[str, object] = {}
         for key, value in tree.items():
             out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
         return out
@@ -118,7 +118,7 @@ def prepare(store: Store, old_cfg: Config, new_cfg: Config, seed: int = 0,
         raise SurgeryRefused("the change leaves every tensor as it is: nothing for surgery to do (use --set on "
                              "--resume for other settings)")
     rng = np.random.default_rng(seed)
-    played = play_side_by_side(*(_env(c, seed) for c in (old_cfg, new_cfg)), old_policy, old, new, STEPS, seed)
+    played = play_side_by_side(_env(old_cfg, seed), _env(new_cfg, seed), old_policy, old, new, STEPS, seed)
 
     def grown(tensors: dict) -> dict:
         return grow_tensors(tensors, plan, rng, new_obs_mean=played.new_mean, new_obs_var=played.new_var)
