@@ -114,7 +114,8 @@ class ExperienceBuffer:
         cap = per_sample_cap(max_reuse)
         with self._lock:
             ready = self._added.wait_for(lambda: self._ready(batch, current_version, max_reuse, cap), timeout)
-            if not ready:
+            arrays = self._arrays
+            if not ready or arrays is None:  # None: nothing was ever added (a batch of 0 is "ready" at once)
                 return None
             candidates = np.flatnonzero(self._valid & (self._uses < cap))
             order = np.lexsort((rng.random(candidates.size), self._uses[candidates]))
@@ -122,7 +123,7 @@ class ExperienceBuffer:
             self._stats.used += int((self._uses[chosen] == 0).sum())
             self._uses[chosen] += 1
             self._stats.consumed += batch
-            out = {k: v[chosen].copy() for k, v in self._arrays.items()}
+            out = {k: v[chosen].copy() for k, v in arrays.items()}
         return out, current_version - out["version"]
 
     def _ready(self, batch: int, current_version: int, max_reuse: float, cap: float) -> bool:

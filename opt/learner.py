@@ -99,19 +99,26 @@ class PhaseClock:
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
+        self._times: list[float] = []
+        self._events: list[torch.cuda.Event] = []
 
-    def mark(self) -> float | torch.cuda.Event:
+    def mark(self) -> int:
+        """The mark's number, for :meth:`seconds`."""
         if not self.cuda:
-            return time.perf_counter()
+            self._times.append(time.perf_counter())
+            return len(self._times) - 1
         event = torch.cuda.Event(enable_timing=True)
         event.record()
-        return event
+        self._events.append(event)
+        return len(self._events) - 1
 
-    def seconds(self, spans: list[tuple[float | torch.cuda.Event, float | torch.cuda.Event]]) -> float:
+    def seconds(self, spans: list[tuple[int, int]]) -> float:
+        """The summed durations of ``spans`` (pairs of marks)."""
         if not self.cuda:
-            return sum(b - a for a, b in spans)
-        spans[-1][1].synchronize()  # elapsed_time needs completed events; free after the update's own sync
-        return sum(a.elapsed_time(b) for a, b in spans) / 1000.0  # elapsed_time is in milliseconds
+            return sum(self._times[b] - self._times[a] for a, b in spans)
+        self._events[spans[-1][1]].synchronize()  # elapsed_time needs completed events; free after the update's sync
+        # elapsed_time is in milliseconds
+        return sum(self._events[a].elapsed_time(self._events[b]) for a, b in spans) / 1000.0
 
 
 class Learner:

@@ -6,9 +6,12 @@ transition of step t, so nothing is bootstrapped across it.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import numpy as np
 import torch
 
+Count = TypeVar("Count", float, torch.Tensor)  # merge_moments' counts: plain numbers or a running norm's buffers
 
 def mix_rewards(rewards: np.ndarray, side_of_agent: np.ndarray, team_spirit: float, zero_sum: bool) -> np.ndarray:
     """OpenAI Five's reward mixing for ``rewards`` [..., A].
@@ -103,8 +106,8 @@ def value_loss(pred: torch.Tensor, target: torch.Tensor, weights: torch.Tensor,
     return 0.5 * masked_mean(err, weights, total)
 
 
-def merge_moments(count: float, mean: torch.Tensor, m2: torch.Tensor, count_b: float, mean_b: torch.Tensor,
-                  m2_b: torch.Tensor) -> tuple[float, torch.Tensor, torch.Tensor]:
+def merge_moments(count: Count, mean: torch.Tensor, m2: torch.Tensor, count_b: Count, mean_b: torch.Tensor,
+                  m2_b: torch.Tensor) -> tuple[Count, torch.Tensor, torch.Tensor]:
     """Chan et al.'s parallel update: (count, mean, M2) of two sets pooled, M2 = Σ (x − mean)². count + count_b > 0."""
     total = count + count_b
     delta = mean_b - mean

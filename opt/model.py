@@ -15,7 +15,10 @@ Training (the learner; BPTT over samples of T steps from each sample's stored in
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,11 +30,21 @@ from rapid.opt import losses
 NEG_INF = -1e9
 
 
+def _summed(terms: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The heads' terms added in order, as ``sum`` adds them (``sum``'s int start would type the result int)."""
+    return functools.reduce(operator.add, terms)
+
+
 class RunningNorm(nn.Module):
     """Running mean/variance (Chan et al. parallel update), applied as a clipped z-score.
 
     With ``channels`` (a channels-last grid flattened, dim = cells × channels) the statistics are kept per
     feature but applied pooled per channel: a pattern scales alike on every cell, as convolutions need."""
+
+    # Buffers (register_buffer), declared so that type checkers see tensors, not nn.Module's attribute lookup.
+    mean: torch.Tensor
+    var: torch.Tensor
+    count: torch.Tensor
 
     def __init__(self, dim: int, clip: float, channels: int = 0):
         super().__init__()
@@ -88,24 +101,33 @@ class ActOutput:
 
 
 @dataclass
+class RunSplit:
+    """The runs of a :class:`ResetFreeRuns` as rows of a [runs, T] batch."""
+
+    gather: torch.Tensor
+    """Each run's steps in the flat [S·T] batch."""
+    scatter: torch.Tensor
+    """Where each step's output goes back in the flat batch."""
+    row: torch.Tensor
+    """The sample each run belongs to."""
+    carry: torch.Tensor
+    """1.0 for a run that starts at step 0 (it keeps the stored state), else 0.0."""
+
+
+@dataclass
 class ResetFreeRuns:
     """How one fused LSTM call covers [S, T] samples with game starts inside some of them.
 
     A game start zeroes the state, so each sample splits at its game starts into runs that are independent
     sequences: a run at step 0 starts from the sample's stored state, the others from zero. The runs become
     the rows of a [runs, T] batch (a run shorter than T repeats its last step; the LSTM is causal, so the
-    padding changes nothing before it): ``gather`` takes their steps from the flat [S·T] batch, ``scatter``
-    puts the outputs back. Without a game start after step 0, ``gather`` is None and the batch runs as it
-    is. Built on the host from the stored flags, so the device never waits for it. (Padding rather than a
-    PackedSequence: ATen's packed LSTM on CPU is an op-by-op loop several times slower than its fused one.)
+    padding changes nothing before it): ``split.gather`` takes their steps from the flat [S·T] batch,
+    ``split.scatter`` puts the outputs back. Without a game start after step 0, ``split`` is None and the batch
+    runs as it is. Built on the host from the stored flags, so the device never waits for it. (Padding rather
+    than a PackedSequence: ATen's packed LSTM on CPU is an op-by-op loop several times slower than its fused one.)
     """
 
-    gather: torch.Tensor | None = None
-    scatter: torch.Tensor | None = None
-    row: torch.Tensor | None = None
-    """The sample each run belongs to."""
-    carry: torch.Tensor | None = None
-    """1.0 for a run that starts at step 0 (it keeps the stored state), else 0.0."""
+    split: RunSplit | None = None
 
     @staticmethod
     def of(first: np.ndarray) -> ResetFreeRuns:
@@ -120,14 +142,16 @@ class ResetFreeRuns:
         gather = begin[:, None] + np.minimum(np.arange(T)[None, :], length[:, None] - 1)
         run = np.cumsum(flat) - 1                              # the run of every step of the batch
         scatter = run * T + np.arange(S * T) - begin[run]
-        return ResetFreeRuns(torch.from_numpy(gather.ravel()), torch.from_numpy(scatter),
-                             torch.from_numpy(begin // T), torch.from_numpy((begin % T == 0).astype(np.float32)))
+        carry = torch.from_numpy((begin % T == 0).astype(np.float32))
+        return ResetFreeRuns(RunSplit(torch.from_numpy(gather.ravel()), torch.from_numpy(scatter),
+                                      torch.from_numpy(begin // T), carry))
 
     def to(self, device: torch.device) -> ResetFreeRuns:
-        if self.gather is None:
+        split = self.split
+        if split is None:
             return self
-        return ResetFreeRuns(self.gather.to(device), self.scatter.to(device), self.row.to(device),
-                             self.carry.to(device))
+        return ResetFreeRuns(RunSplit(split.gather.to(device), split.scatter.to(device), split.row.to(device),
+                                      split.carry.to(device)))
 
 
 # Parameter names of the LSTMCell that earlier versions stored: checkpoints and snapshots of old runs still load.
@@ -161,6 +185,8 @@ class Policy(nn.Module):
     """``grid`` (height, width, channels) with ``conv_channels``: the observation is a flattened channels-last
     grid, encoded by convolutions before the fully connected layers."""
 
+    return_scale: torch.Tensor  # a buffer (see RunningNorm)
+
     def __init__(self, obs_dim: int, action_heads: tuple[int, ...], hidden: int = 128, encoder_layers: int = 2,
                  lstm: int = 128, obs_clip: float = 5.0, grid: tuple[int, int, int] | None = None,
                  conv_channels: tuple[int, ...] = ()):
@@ -168,15 +194,15 @@ class Policy(nn.Module):
         self.obs_dim = obs_dim
         self.action_heads = tuple(int(n) for n in action_heads)
         self.lstm_size = lstm
-        convolve = bool(grid and conv_channels)
-        if convolve and math.prod(grid) != obs_dim:
+        conv_grid = grid if conv_channels else None
+        if conv_grid is not None and math.prod(conv_grid) != obs_dim:
             raise ValueError(f"grid {grid} does not hold {obs_dim} observation values")
-        self.obs_norm = RunningNorm(obs_dim, obs_clip, channels=grid[2] if convolve else 0)
+        self.obs_norm = RunningNorm(obs_dim, obs_clip, channels=conv_grid[2] if conv_grid is not None else 0)
         self.register_buffer("return_scale", torch.ones((), dtype=torch.float64))
         layers: list[nn.Module] = []
         size = obs_dim
-        if convolve:
-            layers, size = conv_layers(grid, tuple(conv_channels))
+        if conv_grid is not None:
+            layers, size = conv_layers(conv_grid, tuple(conv_channels))
         for _ in range(encoder_layers):
             layers += [nn.Linear(size, hidden), nn.ReLU()]
             size = hidden
@@ -220,7 +246,7 @@ class Policy(nn.Module):
         actions = torch.stack([lp.argmax(-1) if greedy else
                                torch.distributions.Categorical(logits=lp, validate_args=False).sample()
                                for lp in heads], -1)
-        logp = sum(lp.gather(-1, actions[:, i:i + 1]).squeeze(-1) for i, lp in enumerate(heads))
+        logp = _summed(lp.gather(-1, actions[:, i:i + 1]).squeeze(-1) for i, lp in enumerate(heads))
         value = self.value_head(h).squeeze(-1) * self.return_scale.float()
         return ActOutput(actions, logp, value, (h, c))
 
@@ -243,18 +269,19 @@ class Policy(nn.Module):
         x = self.encoder(self.obs_norm(obs).reshape(S * T, -1)).reshape(S, T, -1)
         keep = (~first[:, 0]).unsqueeze(-1).to(h0.dtype)
         h0, c0 = h0 * keep, c0 * keep
-        if runs.gather is None:
+        split = runs.split
+        if split is None:
             hidden, _ = self._lstm(x, h0.unsqueeze(0), c0.unsqueeze(0))
         else:
-            rows = x.reshape(S * T, -1)[runs.gather].reshape(-1, T, x.shape[-1])
-            carry = runs.carry.unsqueeze(-1)
-            out, _ = self._lstm(rows, (h0[runs.row] * carry).unsqueeze(0), (c0[runs.row] * carry).unsqueeze(0))
-            hidden = out.reshape(-1, out.shape[-1])[runs.scatter]
+            rows = x.reshape(S * T, -1)[split.gather].reshape(-1, T, x.shape[-1])
+            carry = split.carry.unsqueeze(-1)
+            out, _ = self._lstm(rows, (h0[split.row] * carry).unsqueeze(0), (c0[split.row] * carry).unsqueeze(0))
+            hidden = out.reshape(-1, out.shape[-1])[split.scatter]
         hidden = hidden.reshape(S * T, -1)
         heads = self._log_probs(hidden, mask.reshape(S * T, -1))
         flat_actions = actions.reshape(S * T, -1)
-        logp = sum(lp.gather(-1, flat_actions[:, i:i + 1]).squeeze(-1) for i, lp in enumerate(heads))
-        entropy = sum(-(lp.exp() * lp).sum(-1) for lp in heads)
+        logp = _summed(lp.gather(-1, flat_actions[:, i:i + 1]).squeeze(-1) for i, lp in enumerate(heads))
+        entropy = _summed(-(lp.exp() * lp).sum(-1) for lp in heads)
         value = self.value_head(hidden).squeeze(-1).float()
         return logp.reshape(S, T), entropy.reshape(S, T), value.reshape(S, T)
 
