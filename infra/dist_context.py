@@ -72,10 +72,12 @@ class DistContext:
         import torch.distributed as dist
 
         params = [p for p in params if p.requires_grad]
+        grads: list[torch.Tensor] = []
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in params] + list(extra)
+            grads.append(p.grad)
+        grads += extra
         with torch.no_grad():
             for bucket in _buckets(grads, bucket_bytes):
                 flat = torch.cat([g.reshape(-1) for g in bucket])

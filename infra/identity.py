@@ -107,8 +107,9 @@ def _mpi_env(rank: str, size: str, local_rank: str, local_size: str) -> Callable
     """An MPI launcher's variables count only when all four are there (``srun --mpi=pmi2`` sets PMI_RANK
     without a local rank: Slurm's own variables then tell it)."""
     def read(env: Mapping[str, str]) -> tuple[int, int, int, int] | None:
-        names = (rank, size, local_rank, local_size)
-        return tuple(_int(env, n) for n in names) if all(n in env for n in names) else None
+        if not all(n in env for n in (rank, size, local_rank, local_size)):
+            return None
+        return _int(env, rank), _int(env, size), _int(env, local_rank), _int(env, local_size)
     return read
 
 

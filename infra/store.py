@@ -34,7 +34,7 @@ import re
 import stat
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
@@ -226,11 +226,10 @@ class LocalStore(Store):
         if not base.is_dir() or base.is_symlink():
             return []
         self._check_inside(base, prefix)
-        keys: list[str] = []
-        self._walk(base, folder, prefix, keys, time.time() - TEMP_MAX_AGE_S)
+        keys = self._walk(base, folder, prefix, time.time() - TEMP_MAX_AGE_S)
         return sorted(k for k in keys if start_after is None or k > start_after)
 
-    def _walk(self, folder: Path, rel: str, prefix: str, keys: list[str], stale_before: float) -> None:
+    def _walk(self, folder: Path, rel: str, prefix: str, stale_before: float) -> Iterator[str]:
         """Regular files only: links (to files or folders) and FIFOs are not objects and not followed."""
         try:
             entries = list(os.scandir(folder))
@@ -242,9 +241,9 @@ class LocalStore(Store):
                 self._remove_if_stale(entry, stale_before)
             elif entry.is_dir(follow_symlinks=False):
                 if not entry.name.startswith(".") and ((key + "/").startswith(prefix) or prefix.startswith(key + "/")):
-                    self._walk(Path(entry.path), key, prefix, keys, stale_before)
+                    yield from self._walk(Path(entry.path), key, prefix, stale_before)
             elif entry.is_file(follow_symlinks=False) and key.startswith(prefix):
-                keys.append(key)
+                yield key
 
     @staticmethod
     def _remove_if_stale(entry: os.DirEntry, stale_before: float) -> None:

@@ -56,7 +56,9 @@ class WandbSink:
         # The same W&B run ids for the same run directory: a resumed run goes on with its curves.
         run_key = hashlib.sha256(str(log_dir.resolve()).encode()).hexdigest()[:8]
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "rapid"), dir=str(log_dir), mode=mode,
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "rapid"), dir=str(log_dir),
+                              # metrics.wandb is checked to be one of the two when the config loads
+                              mode="offline" if mode == "offline" else "online",
                               group=f"{run_name}-{run_key}", job_type=role, name=f"{run_name}-{role}",
                               id=f"{run_name}-{run_key}-{role}", resume="allow", reinit="create_new",
                               settings=wandb.Settings(silent=True, console="off"))

@@ -36,6 +36,8 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
+from pathlib import Path
+from wsgiref.simple_server import WSGIServer
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
@@ -150,8 +152,8 @@ class RoleMetrics:
         self.run, self.rank = str(run), int(rank)
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         self._labels = (self.role, str(self.rank), self.run)
-        self._server = None
-        self._registration = None
+        self._server: WSGIServer | None = None
+        self._registration: Path | None = None
         self._gauge("rapid_process_start_time_seconds", "Unix time the process started its role.").set(time.time())
 
     # Definitions: every metric gets the base labels, plus `extra` label names bound later by the caller.
@@ -209,13 +211,14 @@ class RoleMetrics:
 
     def close(self) -> None:
         """Stop serving; a clean stop also removes the registration (a process that dies leaves it: up == 0)."""
+        server, self._server = self._server, None
+        if server is None:
+            return
         if self._registration is not None:
-            unregister_process(self._registration, self._server.server_port)
+            unregister_process(self._registration, server.server_port)
             self._registration = None
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        server.shutdown()
+        server.server_close()
 
 
 class _ChildCache(dict):
