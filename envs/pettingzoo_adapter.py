@@ -65,6 +65,13 @@ def _obs_space(space: spaces.Space) -> spaces.Space:
     return space
 
 
+def _flat_size(space: spaces.Space, agent: str) -> int:
+    if space.shape is None:
+        raise ValueError(f"agent {agent}: observation space {space} has no shape (a Box, or a Dict with an "
+                         "'observation' Box, is needed)")
+    return int(np.prod(space.shape))
+
+
 def _heads(space: spaces.Space, agent: str) -> tuple[int, ...]:
     if isinstance(space, spaces.Discrete):
         return (int(space.n),)
@@ -82,7 +89,8 @@ def grid_of(obs_spaces: list[spaces.Space]) -> tuple[int, int, int] | None:
     shape = shapes.pop()
     if len(shape) != 3 or min(shape[:2]) < 3:
         return None
-    return tuple(int(n) for n in shape)
+    height, width, channels = (int(n) for n in shape)
+    return height, width, channels
 
 
 def split_sides(agents: list[str]) -> tuple[int, ...]:
@@ -115,7 +123,7 @@ class PettingZooVecEnv(VecMultiAgentEnv):
         agents = list(first.possible_agents)
         self.index = {a: i for i, a in enumerate(agents)}
         obs_spaces = [_obs_space(first.observation_space(a)) for a in agents]
-        self.obs_sizes = [int(np.prod(s.shape)) for s in obs_spaces]
+        self.obs_sizes = [_flat_size(s, a) for s, a in zip(obs_spaces, agents)]
         head_sets = [_heads(first.action_space(a), a) for a in agents]
         if len({len(h) for h in head_sets}) != 1:
             raise ValueError(f"env {path!r}: agents have different numbers of action heads")

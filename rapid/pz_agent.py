@@ -50,6 +50,9 @@ from rapid.errors import UsageError
 def _flat_size(space: spaces.Space) -> int:
     if isinstance(space, spaces.Dict) and "observation" in space.spaces:
         space = space["observation"]
+    if space.shape is None:
+        raise UsageError(f"observation space {space} has no shape (a Box, or a Dict with an 'observation' Box, "
+                         "is needed)")
     return int(np.prod(space.shape))
 
 

@@ -82,7 +82,7 @@ class MobaVecEnv(VecMultiAgentEnv):
             lost = before - self._structure_hp()
             rewards += cfg.reward_structure_hp * lost[:, 1 - lay.hero_side]
         anc_alive = st.alive[:, lay.ancients]
-        terminated = ~anc_alive.all(axis=1)
+        terminated = ~np.all(anc_alive, axis=1)
         truncated = ~terminated & (st.step_count >= cfg.max_steps)
         done = terminated | truncated
         winner = np.full(B, -1, np.int64)

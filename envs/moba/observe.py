@@ -218,10 +218,10 @@ class Observer:
             rows = slice(side * n, (side + 1) * n)
             np.multiply(per_hero[:, None, :, self.hero_units[side * n]], hv[:, rows], out=block[:, rows])
         base += 2 * n * HERO_EXTRA
-        t = st.step_count[:, None].astype(np.float32)
+        steps = st.step_count[:, None].astype(np.float32)
         period = cfg.wave_period / cfg.seconds_per_step
-        obs[:, :, base] = t / cfg.max_steps
-        obs[:, :, base + 1] = 1.0 - (t % period) / period
+        obs[:, :, base] = steps / cfg.max_steps
+        obs[:, :, base + 1] = 1.0 - (steps % period) / period
         base += TIME_FEATURES
         if cfg.observe_cooldowns:
             cooldowns = np.concatenate([st.atk_cd[:, None, :H] / cfg.hero_cooldown,

@@ -48,7 +48,7 @@ class MobaParallelEnv(ParallelEnv):
     def action_space(self, agent: str) -> spaces.Space:
         return self.action_spaces[agent]
 
-    def _observations(self, step: StepResult) -> dict[str, dict[str, np.ndarray]]:
+    def _observations(self, step: StepResult) -> dict[str, dict[str, np.ndarray | tuple[np.ndarray, ...]]]:
         masks = step.action_mask[0].astype(np.int8)
         heads = list(zip(self._offsets, self.env.spec.action_heads))
         return {a: {"observation": step.obs[0, i].copy(),

@@ -42,10 +42,16 @@ class Layout:
         for s in range(2):
             for l_ in range(L):
                 for t in range(2):
-                    team.append(s), kind.append(TOWER), lane.append(l_)
-                    sx.append(self.mirror_x(cfg.tower_x[t], s, cfg)), sy.append(lane_y[l_])
-            team.append(s), kind.append(ANCIENT), lane.append(-1)
-            sx.append(self.mirror_x(cfg.ancient_x, s, cfg)), sy.append(0.0)
+                    team += [s]
+                    kind += [TOWER]
+                    lane += [l_]
+                    sx += [self.mirror_x(cfg.tower_x[t], s, cfg)]
+                    sy += [lane_y[l_]]
+            team += [s]
+            kind += [ANCIENT]
+            lane += [-1]
+            sx += [self.mirror_x(cfg.ancient_x, s, cfg)]
+            sy += [0.0]
         for s in range(2):
             for l_ in range(L):
                 team += [s] * cs
