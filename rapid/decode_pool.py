@@ -33,6 +33,7 @@ import select
 import signal
 import threading
 import time
+import weakref
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -123,6 +124,8 @@ class DecodePool:
         self.workers = workers
         self.restarts = 0
         self._pool: ProcessPoolExecutor | None = None
+        # The pool each future went to: a broken pool is restarted once, not again for each future it failed.
+        self._pool_of: weakref.WeakKeyDictionary[Future, ProcessPoolExecutor] = weakref.WeakKeyDictionary()
 
     @property
     def max_pending(self) -> int:
@@ -142,7 +145,7 @@ class DecodePool:
         except BrokenProcessPool:
             self.restart()
             return self.submit(data)
-        future.pool = self._pool
+        self._pool_of[future] = self._pool
         return future
 
     def result(self, future: Future) -> Decoded | Rejected:
@@ -150,7 +153,7 @@ class DecodePool:
         try:
             return future.result()
         except BrokenProcessPool:
-            if getattr(future, "pool", None) is self._pool:  # not one already replaced
+            if self._pool_of.get(future) is self._pool:  # not one already replaced
                 self.restart()
             return Rejected("a decode worker process died on this object")
 

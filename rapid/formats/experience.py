@@ -127,7 +127,7 @@ def encode_experience(batch: ExperienceBatch) -> bytes:
 
 def _claimed(tree: dict) -> tuple[dict[str, tuple[str, tuple]], tuple[int, ...] | None]:
     """The fields and head sizes (None: unknown, with several heads) that a batch's own arrays claim."""
-    arrays = tree.get("arrays")
+    arrays = tree.get("arrays", {})
     try:
         T, obs_dim = arrays["obs"].shape[1:3]
         mask_dim, heads, lstm = arrays["mask"].shape[2], arrays["actions"].shape[2], arrays["h0"].shape[1]
@@ -158,8 +158,9 @@ def _check_actions(arrays: dict, head_sizes: tuple[int, ...] | None, where: str)
         offset += size
 
 
-_EPISODE_KEYS = {"learner_version": int, "opponent": str, "learner_side": int, "winner": str, "length": int,
-                 "learner_return": (int, float)}
+_EPISODE_KEYS: dict[str, type | tuple[type, ...]] = {
+    "learner_version": int, "opponent": str, "learner_side": int, "winner": str, "length": int,
+    "learner_return": (int, float)}
 
 
 def _check_episode(ep, where: str) -> dict:

@@ -110,6 +110,6 @@ class WaitNotice:
                           waited, objects_loaded)
 
     def over(self, now: float) -> None:
-        if self.spoke:
+        if self.spoke and self.since is not None:
             self.log.info("experience arrived after %.0fs; training", now - self.since)
         self.since, self.spoke = None, False
