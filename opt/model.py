@@ -163,7 +163,8 @@ class GridInput(nn.Module):
 
     def __init__(self, grid: tuple[int, int, int]):
         super().__init__()
-        self.grid = tuple(int(n) for n in grid)
+        height, width, channels = grid
+        self.grid = (int(height), int(width), int(channels))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Contiguous: ATen's CPU convolutions train about a fifth faster on NCHW than on the permuted view.

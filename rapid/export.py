@@ -56,6 +56,11 @@ class StandalonePolicy(nn.Module):
     """``Policy.act`` as one pure function of tensors: the normalizer's statistics frozen as float32
     constants, the state zeroed where a game starts, greedy actions and every head's log-probabilities."""
 
+    # Buffers (register_buffer), declared so that type checkers see tensors, not nn.Module's attribute lookup.
+    obs_mean: torch.Tensor
+    obs_std: torch.Tensor
+    return_scale: torch.Tensor
+
     def __init__(self, policy: Policy):
         super().__init__()
         mean, var = policy.obs_norm.applied()

@@ -118,7 +118,8 @@ def play_game(policy: TrainedPolicy, agent_first: bool = False, greedy: bool = T
                 return "abandoned"
         env.step(move)
     write("")
-    write("\n".join(board.lines(last_view)))
+    if last_view is not None:  # None only for a game that ended before its first turn
+        write("\n".join(board.lines(last_view)))
     result = ("you won" if final.get(person, 0) > final.get(agent_name, 0) else
               "the agent won" if final.get(agent_name, 0) > final.get(person, 0) else "a draw")
     write(f"game over: {result}")

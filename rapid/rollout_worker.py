@@ -159,7 +159,12 @@ class RolloutWorker:
             if not len(rows):
                 continue
             idx = rows.numpy()
-            net = self.policy if opp is None else opp.policy
+            if opp is None:
+                net = self.policy
+            elif opp.policy is not None:
+                net = opp.policy
+            else:  # the opponent sources give every past opponent a policy or a bot
+                raise RuntimeError(f"opponent {opp.id} has neither a policy nor a bot")
             inputs, before = (obs[rows], mask[rows]), (h[rows], c[rows])  # indexing copies: read once, kept
             out = net.act(*inputs, before)
             actions[idx] = out.actions.numpy()

@@ -69,7 +69,8 @@ class Match:
         self.speed, self.paused = _speed(speed), False
         self.frame, self.games, self.wins, self.last_result = 0, 0, [0, 0], ""
         self.frames_served = 0
-        self._png, self._state = b"", {}
+        self._png = b""
+        self._state: dict[str, object] = {}
         self._lock = threading.Condition()
         self._stopped = threading.Event()
         self._step = self.env.reset(seed=seed)

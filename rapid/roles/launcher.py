@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -67,7 +68,7 @@ class Child:
         return self.proc.returncode if self.proc else None
 
     def stop(self) -> None:
-        if self.alive():
+        if self.proc is not None and self.alive():
             self.proc.send_signal(signal.SIGTERM)
 
     def wait(self, timeout: float) -> None:
@@ -160,8 +161,8 @@ def _threads(cfg: Config, run_dir: Path, resume: bool, workers: int, seed_offset
     # One process means one: the optimizer decodes experience inline instead of in worker processes.
     cfg = dataclasses.replace(cfg, optimizer=dataclasses.replace(cfg.optimizer, decode_workers=0))
     optimizer = ThreadRole("optimizer", lambda: run_optimizer(cfg, resume=resume, stop=stop), log, stop)
-    rollouts = [ThreadRole(f"rollout-{i}", lambda i=i: run_rollout(
-        cfg, f"w{i}", rollout_seed(cfg.run.seed, f"w{i}", i) + seed_offset, stop=stop, rank=i), log, stop)
+    rollouts = [ThreadRole(f"rollout-{i}", functools.partial(
+        run_rollout, cfg, f"w{i}", rollout_seed(cfg.run.seed, f"w{i}", i) + seed_offset, stop=stop, rank=i), log, stop)
         for i in range(workers)]
     evaluator = [ThreadRole("evaluator", lambda: run_evaluator(cfg, stop=stop), log, stop)]
     return optimizer, rollouts, evaluator

@@ -27,12 +27,12 @@ from rapid.infra.distributed import ALONE, Identity, LayoutError, choose_device_
 from rapid.infra.store import StoreError
 from rapid.lease import RunLease
 from rapid.loader import ExperienceLoader
-from rapid.monitoring.curves import open_curves
 from rapid.monitoring.metrics import OptimizerMetrics
 from rapid.opt.buffer import ExperienceBuffer
 from rapid.opt.learner import Learner, allow_tf32, precision_settings
 from rapid.param_store import ParameterStore
 from rapid.publisher import BackgroundWriter
+from rapid.roles.curves import open_curves
 from rapid.roles.league_keeper import LeagueKeeper
 from rapid.roles.lockstep import wait_round_s
 from rapid.roles.optimizer_loop import OptimizerLoop, Parts, Timing, version_meta
@@ -144,7 +144,7 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
                 lost = e
             if league:
                 league.close()
-            if lead and clean and lease.held and lost is None:
+            if lease is not None and clean and lease.held and lost is None:  # rank 0 (the lead) holds the lease
                 try:
                     _checkpoint(store, cfg, learner, loop.version)
                 except StoreError as e:

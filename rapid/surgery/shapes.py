@@ -48,8 +48,13 @@ class PolicyShape:
     conv_channels: tuple[int, ...] = ()
 
     @property
+    def conv_grid(self) -> tuple[int, int, int] | None:
+        """The grid the convolutions read, or None when the policy does not convolve."""
+        return self.grid if self.conv_channels else None
+
+    @property
     def convolves(self) -> bool:
-        return bool(self.grid and self.conv_channels)
+        return self.conv_grid is not None
 
     @staticmethod
     def of(policy: Policy) -> PolicyShape:
@@ -73,9 +78,10 @@ class PolicyShape:
 
     def encoder_input(self) -> int:
         """Inputs of the first fully connected layer: the observation, or the flattened convolution output."""
-        if not self.convolves:
+        grid = self.conv_grid
+        if grid is None:
             return self.obs_dim
-        height, width, _ = self.grid
+        height, width, _ = grid
         return self.conv_channels[-1] * height * width
 
 
@@ -160,8 +166,9 @@ def plan_growth(old: PolicyShape, new: PolicyShape, new_action_bias: float = -30
     plan = [Growth("obs_norm.mean", (old.obs_dim,), (new.obs_dim,), (obs,)),
             Growth("obs_norm.var", (old.obs_dim,), (new.obs_dim,), (obs,), fill=1.0),
             _same("obs_norm.count", ()), _same("return_scale", ())]
-    if old.convolves:
-        size = old.grid[2]
+    old_grid = old.conv_grid
+    if old_grid is not None:
+        size = old_grid[2]
         for i, out in enumerate(old.conv_channels):
             conv = f"encoder.{1 + 2 * i}"
             plan += [_same(f"{conv}.weight", (out, size, 3, 3)), _same(f"{conv}.bias", (out,))]

@@ -111,8 +111,8 @@ def compare(old: Policy, new: Policy, inputs: Inputs) -> Preservation:
     greedy = torch.zeros(N, T, len(shape_old.action_heads), dtype=torch.int64)
     for step in range(T):
         keep = (~t["first"][:, step]).float().unsqueeze(-1)
-        state_old = tuple(s * keep for s in state_old)
-        state_new = tuple(s * keep for s in state_new)
+        state_old = (state_old[0] * keep, state_old[1] * keep)
+        state_new = (state_new[0] * keep, state_new[1] * keep)
         # _core and _log_probs are what Policy.act runs: here every action's log-probability is compared.
         state_old = old._core(t["obs_old"][:, step], state_old)
         state_new = new._core(t["obs_new"][:, step], state_new)
