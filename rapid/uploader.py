@@ -49,7 +49,7 @@ from rapid.errors import FormatError
 from rapid.formats.experience import ExperienceBatch, encode_experience, samples_per_object
 from rapid.infra.store import Store, StoreError
 from rapid.rollout_worker import Segment
-from rapid.store_map import experience_key, shard_of
+from rapid.store_map import experience_key, object_shard
 
 log = logging.getLogger(__name__)
 
@@ -172,9 +172,8 @@ class Uploader:
 
     def _key(self, waiting: _Waiting) -> str:
         if waiting.key is None:
-            name = f"{self.worker}-{self.incarnation}-{waiting.seq}"
-            waiting.key = experience_key(shard_of(name, self.shards), int(self.clock() * 1000), self.worker,
-                                         self.incarnation, waiting.seq)
+            shard = object_shard(f"{self.worker}-{self.incarnation}", waiting.seq, self.shards)
+            waiting.key = experience_key(shard, int(self.clock() * 1000), self.worker, self.incarnation, waiting.seq)
         return waiting.key
 
     def _upload_one(self) -> bool | None:

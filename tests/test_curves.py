@@ -17,9 +17,9 @@ from rapid.balance import Balancer, BalanceSettings
 from rapid.formats.experience import Shape
 from rapid.infra.store import LocalStore
 from rapid.loader import ExperienceLoader
-from rapid.monitoring.curves import open_curves
 from rapid.monitoring.metrics import OptimizerMetrics
 from rapid.opt.buffer import ExperienceBuffer
+from rapid.roles.curves import open_curves
 from rapid.roles.optimizer_report import OptimizerReport
 from tests.helpers import rapid
 from tests.test_train_e2e import FAST

@@ -541,7 +541,7 @@ def test_train_bad_value_per_section_exit_2_and_no_run_dir(tmp_path, bad):
     (["rollout", "--set", "ppo.lr=fast"], "ppo.lr"),
     (["optimizer", "--set", "store.url=ftp://host/x"], "store"),
     (["optimizer", "--set", "env.name=no.such.game"], "env.name"),
-    (["eval", "--run-dir", "/nonexistent-run"], "not a run directory"),
+    (["eval", "--run-dir", "/nonexistent-run"], "no such run directory"),
     (["train", "--workers", "-1"], "run.num_workers"),
     (["train", "--bogus-flag"], "unrecognized"),
 ])

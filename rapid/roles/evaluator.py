@@ -15,9 +15,9 @@ from rapid.errors import FormatError
 from rapid.infra.store import StoreError
 from rapid.league import League, PoolConflict, rate_games, rating_of, version_id
 from rapid.matches import MatchScore, PolicyPlayer, batch_size, load_policy, play_match
-from rapid.monitoring.curves import open_curves
 from rapid.monitoring.metrics import EvaluatorMetrics
 from rapid.param_store import ParameterStore
+from rapid.roles.curves import open_curves
 from rapid.roles.startup import JsonlLog, StopFlag, build_policy, open_run_store, setup_logging, start_metrics
 from rapid.run_watch import RunWatch, quiet_s
 

@@ -123,7 +123,7 @@ def quantile_of_counts(counts: np.ndarray, q: float) -> float:
 
 
 class OptimizerReport:
-    """``curves`` (rank 0: ``monitoring.curves.open_curves``) get the record's figures as TensorBoard/W&B
+    """``curves`` (rank 0: ``rapid.roles.curves.open_curves``) get the record's figures as TensorBoard/W&B
     curves by update."""
 
     def __init__(self, metrics, oplog, buffer, loader, skipped=lambda: 0, curves=None):
