@@ -85,7 +85,7 @@ def timed(step, device: torch.device, repeat: int) -> tuple[float, float]:
 
 
 def bench(name: str, device: torch.device, samples: int, repeat: int, game_steps: int, bf16: bool
-          ) -> dict[str, tuple[float, float]]:
+          ) -> tuple[dict[str, tuple[float, float]], int]:
     """(wall, CPU) seconds per update of: the learner handed numpy arrays, the learner handed a batch staged
     on the device ahead (as a loop that prefetches would), and the reference (its data already there)."""
     path, overrides, own_game_steps = MODELS[name]
@@ -107,8 +107,8 @@ def bench(name: str, device: torch.device, samples: int, repeat: int, game_steps
         ref.loss(obs, h0, c0).backward()
         adam.step()
 
-    return {"numpy batch": t_learner, "staged batch": t_staged, "reference": timed(ref_step, device, repeat),
-            "bptt": cfg.rollout.bptt}
+    times = {"numpy batch": t_learner, "staged batch": t_staged, "reference": timed(ref_step, device, repeat)}
+    return times, cfg.rollout.bptt
 
 
 def peak_bytes(step, device: torch.device) -> int:
@@ -177,8 +177,7 @@ def main() -> None:
           f"{'ratio':>6}")
     n = args.samples
     for name in args.models:
-        times = bench(name, device, n, args.repeat, args.game_steps, args.bf16)
-        bptt = times.pop("bptt")
+        times, bptt = bench(name, device, n, args.repeat, args.game_steps, args.bf16)
         ref_wall, ref_cpu = times["reference"]
         for kind, (wall, cpu) in times.items():
             print(f"{name:<10} {kind:<14} {n / wall:>10,.0f} {n * bptt / wall:>12,.0f} {ref_wall / wall:>6.2f}   "

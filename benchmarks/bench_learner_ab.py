@@ -41,6 +41,8 @@ def learner_at(commit: str):
     path = Path(tempfile.mkdtemp()) / "base_learner.py"
     path.write_text(source.stdout)
     spec = importlib.util.spec_from_file_location("base_learner", path)
+    if spec is None or spec.loader is None:
+        sys.exit(f"bench_learner_ab.py: {path} cannot be imported")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.Learner
@@ -64,7 +66,7 @@ def main() -> None:
         torch.manual_seed(0)
         learners[label] = cls(build_policy(cfg, spec), cfg.ppo, "cpu", microbatch_samples=args.microbatch)
         learners[label].update(batch)  # warm-up
-    seconds = {label: [] for label in learners}
+    seconds: dict[str, list[float]] = {label: [] for label in learners}
     for r in range(args.rounds):
         for label in (("base", "today") if r % 2 == 0 else ("today", "base")):  # alternate who goes first
             t0 = time.process_time()

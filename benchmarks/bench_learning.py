@@ -62,6 +62,7 @@ def tactics(run_dir: Path, games: int) -> str:
 
     from rapid.config import load_config
     from rapid.envs.board_bots import blocking_moves, winning_moves
+    from rapid.envs.pettingzoo_adapter import PettingZooVecEnv
     from rapid.envs.registry import make_env
     from rapid.infra.store import LocalStore
     from rapid.matches import batch_size, make_player, play_match
@@ -69,6 +70,8 @@ def tactics(run_dir: Path, games: int) -> str:
 
     cfg = load_config(str(run_dir / "config.toml"), [])
     env = make_env(cfg.env.name, num_games=batch_size(games))
+    if not isinstance(env, PettingZooVecEnv):  # the judge reads each game's board
+        sys.exit(f"bench_learning.py: {cfg.env.name} is not a PettingZoo board game")
     params = ParameterStore(LocalStore(run_dir / "store"))
     policy = make_player("latest", cfg, env, params, greedy=True)
     bot = make_player("bot:lookahead", cfg, env, params, seed=3)

@@ -24,7 +24,7 @@ from rapid.formats.experience import ExperienceBatch, Shape, decode_experience, 
 
 
 def make_batch(shape: Shape, samples: int, rng: np.random.Generator) -> ExperienceBatch:
-    arrays = {}
+    arrays: dict[str, np.ndarray] = {}
     for name, (dtype, rest) in shape.fields().items():
         size = (samples, *rest)
         if dtype == "float32":

@@ -217,7 +217,9 @@ def main() -> int:
     started = time.time()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     planter = Planter(store, rng)
-    timeline, peaks, planted_bytes = [], {}, 0
+    timeline: list[tuple[int, int | None]] = []
+    peaks: dict[str, float] = {}
+    planted_bytes = 0
     next_sample = 0.0
     try:
         while proc.poll() is None:

@@ -41,7 +41,7 @@ afterwards, with the same update (so fresh data has a PPO ratio of exactly 1).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
@@ -153,7 +153,7 @@ class Learner:
         lr = 0.0 if self.updates < s.settle_until_update else losses.linear_schedule(s.lr, s.lr_final, progress)
         return lr, losses.linear_schedule(s.entropy_coef, s.entropy_final, progress)
 
-    def stage(self, batch: dict[str, np.ndarray | torch.Tensor], part: slice = slice(None),
+    def stage(self, batch: Mapping[str, np.ndarray | torch.Tensor], part: slice = slice(None),
               keys: tuple[str, ...] = STAGED) -> dict[str, torch.Tensor]:
         """Rows ``part`` of the batch on the learner's device, copied once (from pinned memory, asynchronously,
         on CUDA). ``update`` takes the result as it takes numpy arrays, so a loop can stage the next batch
@@ -168,7 +168,7 @@ class Learner:
             out[key] = t
         return out
 
-    def update(self, batch: dict[str, np.ndarray | torch.Tensor], progress: float = 0.0) -> dict[str, float]:
+    def update(self, batch: Mapping[str, np.ndarray | torch.Tensor], progress: float = 0.0) -> dict[str, float]:
         """One step on ``batch``; ``progress`` (the share of the run's budget done) sets the learning rate and
         the entropy bonus."""
         s = self.ppo
