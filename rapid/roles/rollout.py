@@ -97,8 +97,8 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
         env.close()
         metrics.close()
         s = uploader.stats
-        log.info("worker %s stopped at v%s: %d objects, %d samples uploaded, %d dropped, %d failures", worker_id,
-                 loop.version, s.objects, s.samples, s.dropped_samples, s.failures)
+        log.info("worker %s stopped: %d objects, %d samples uploaded, %d dropped, %d failures; it played v%s",
+                 worker_id, s.objects, s.samples, s.dropped_samples, s.failures, loop.version)
 
 
 class ParamPoller:
