@@ -26,7 +26,8 @@ from rapid.infra.store import LocalStore
 from rapid.league import Tally
 from rapid.publisher import BackgroundWriter
 from rapid.roles.lockstep import Agreement, wait_round_s
-from rapid.roles.optimizer_loop import OptimizerLoop, Parts, Timing
+from rapid.roles.optimizer_loop import OptimizerLoop, Timing
+from rapid.roles.optimizer_parts import Parts
 from rapid.roles.startup import StopFlag
 from rapid.roles.steps import AllGather, AllReduce, Sleep, Until
 

@@ -35,7 +35,8 @@ from rapid.opt.buffer import ExperienceBuffer
 from rapid.param_store import ParameterStore
 from rapid.publisher import BackgroundWriter
 from rapid.roles.league_keeper import LeagueKeeper
-from rapid.roles.optimizer_loop import OptimizerLoop, Parts, Timing, version_meta
+from rapid.roles.optimizer_loop import OptimizerLoop, Timing, version_meta
+from rapid.roles.optimizer_parts import Parts
 from rapid.roles.rollout import ParamPoller
 from rapid.roles.rollout_loop import RolloutLoop
 from rapid.run_watch import RunWatch

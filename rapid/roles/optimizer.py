@@ -35,7 +35,8 @@ from rapid.publisher import BackgroundWriter
 from rapid.roles.curves import open_curves
 from rapid.roles.league_keeper import LeagueKeeper
 from rapid.roles.lockstep import wait_round_s
-from rapid.roles.optimizer_loop import OptimizerLoop, Parts, Timing, version_meta
+from rapid.roles.optimizer_loop import OptimizerLoop, Timing, version_meta
+from rapid.roles.optimizer_parts import Parts
 from rapid.roles.optimizer_report import OptimizerReport
 from rapid.roles.start_point import agree_on_start
 from rapid.roles.startup import JsonlLog, StopFlag, build_policy, env_spec, open_run_store, setup_logging, start_metrics

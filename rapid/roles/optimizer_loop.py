@@ -26,6 +26,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from rapid.balance import Balancer, BalanceSettings, Decision, publish_due
 from rapid.checkpoints import save_checkpoint
@@ -33,8 +34,11 @@ from rapid.config import Config
 from rapid.errors import FormatError
 from rapid.infra.store import StoreError
 from rapid.league import Tally
+from rapid.opt.buffer import BufferStats
 from rapid.opt.losses import linear_schedule
+from rapid.publisher import BackgroundWriter
 from rapid.roles.lockstep import Agreement, WaitNotice
+from rapid.roles.optimizer_parts import Parts
 from rapid.roles.steps import AllGather, Sleep, Until
 
 MAX_FAILED_IN_ROW = 50  # a bad batch is skipped; this many in a row is a broken learner, not bad data
@@ -76,25 +80,6 @@ def balance_settings(cfg: Config) -> BalanceSettings:
     hi = max(o.batch_samples, hi - hi % multiple)
     interval = o.publish_interval_s or cfg.rollout.upload_interval_s
     return BalanceSettings(o.batch_samples, hi, o.target_reuse, interval, multiple)
-
-
-@dataclass
-class Parts:
-    """What the loop works with. ``learner`` has ``update(arrays, progress) -> stats``, ``updates`` and
-    ``skipped``; ``tensors()`` is a copy of the live weights to publish; ``checkpoint(version)`` a host copy
-    of weights and optimizer state; ``league`` is rank 0's :class:`LeagueKeeper` (None elsewhere); ``writer``
-    rank 0's :class:`rapid.publisher.BackgroundWriter`."""
-
-    learner: object
-    buffer: object
-    loader: object
-    writer: object
-    params: object
-    league: object | None
-    report: object
-    tensors: Callable[[], dict]
-    checkpoint: Callable[[int], object]
-    store: object
 
 
 @dataclass
@@ -151,8 +136,9 @@ class OptimizerLoop:
             t_wait = t_wait or self.clock.monotonic()
             batch = pending or (yield from self._wait_for_batch())
             self._check_limits()
-            if self.lead and not self.stop:  # once stopping, a store failure is run_optimizer's to report
-                self.p.writer.check()  # a job that failed ends the role here, as it would at the next submit
+            writer = self._lead_writer()
+            if writer is not None and not self.stop:  # once stopping, a store failure is run_optimizer's to report
+                writer.check()  # a job that failed ends the role here, as it would at the next submit
             self._queue_held()
             lead_values = {**_decision_values(self.decision), "pool": float(self._pool_due())}
             verdict = yield from self.agree.decide(bool(self.stop), self._publish_due(), batch is not None,
@@ -206,10 +192,10 @@ class OptimizerLoop:
                 if not self.pool_interval_s:  # 4. league: the games pooled at each version (no interval of its own)
                     yield from self._pool_games()
             # 5. checkpoint (rank 0, background), when the writer has room now: the loop never waits for one
-            elif self._checkpoint_due() and self.held is None and p.writer.can_submit():
-                p.writer.submit(f"checkpoint v{self.version}", self._checkpoint_job())
+            elif self._checkpoint_due() and self.held is None and writer is not None and writer.can_submit():
+                writer.submit(f"checkpoint v{self.version}", self._checkpoint_job())
             # 6. balance: rank 0 decides on the ranks' mean counts; the next agreement carries it to every rank
-            if self.lead:
+            if self.balancer is not None:  # rank 0's
                 self.decision = self.balancer.step(self.clock.monotonic(), **verdict.mean_values, busy_s=busy_s)
             p.report.update(p.learner.updates, self.version, stats, staleness, self.decision, wait_s)
 
@@ -228,6 +214,10 @@ class OptimizerLoop:
 
     def _elapsed(self) -> float:
         return self.clock.time() - self.started
+
+    def _lead_writer(self) -> BackgroundWriter | None:
+        """Rank 0's writer; None on the other ranks, which store nothing."""
+        return self.p.writer if self.lead else None
 
     def _publish_due(self) -> bool:
         """Rank 0's view: a version is due (by time, or every ``publish_every`` updates without balancing), and
@@ -284,11 +274,11 @@ class OptimizerLoop:
         its writer here: no rank waits for it any more. A writer that failed (the store down at the stop) takes
         nothing more: run_optimizer says so in one line."""
         yield from self._pool_games()
-        writer = self.p.writer
-        while self.lead and self.held is not None and not writer.failed:
+        writer = self._lead_writer()
+        while writer is not None and self.held is not None and not writer.failed:
             if not self._queue_held():
                 yield Until(lambda: writer.can_submit() or writer.failed, self.timing.round_s, writer.wait_for_room)
-        if self.p.learner.updates > self.published_updates and not (self.lead and writer.failed):
+        if self.p.learner.updates > self.published_updates and not (writer is not None and writer.failed):
             yield from self._publish(wait_s=math.inf)
 
     def _publish(self, checkpoint: bool = False, wait_s: float | None = None):
@@ -298,7 +288,9 @@ class OptimizerLoop:
         full writer. It waits for room at most ``wait_s`` (a round); then the job is held (:meth:`_queue_held`)."""
         self.version += 1
         version, p = self.version, self.p
-        if self.lead:
+        writer = self._lead_writer()
+        if writer is not None:
+            league = p.league
             tensors = p.tensors()
             meta = version_meta(self.cfg, p.learner.updates, self._elapsed())
             keep = self.cfg.optimizer.keep_versions
@@ -306,21 +298,22 @@ class OptimizerLoop:
 
             def job() -> None:
                 self._until_stored(f"publishing v{version}", lambda: p.params.publish(version, tensors, meta))
-                p.league.after_publish(version, tensors)
+                if league is not None:
+                    league.after_publish(version, tensors)
                 try:
                     p.params.prune(version, keep)
                 except StoreError as e:  # an old version left behind costs storage only: the next prune retries
                     self.log.warning("old parameter versions not deleted yet: %s", e)
                 if store_checkpoint:
                     store_checkpoint()
-            yield from self._submit(f"publish v{version}" + (" and checkpoint" if checkpoint else ""), job,
+            yield from self._submit(writer, f"publish v{version}" + (" and checkpoint" if checkpoint else ""), job,
                                     self.timing.round_s if wait_s is None else wait_s)
         p.report.version(version)
 
-    def _submit(self, name: str, job: Callable[[], None], wait_s: float):
-        """Queue ``job`` on rank 0's writer, waiting at most ``wait_s`` for room (a round: the other ranks may be
+    def _submit(self, writer: BackgroundWriter, name: str, job: Callable[[], None], wait_s: float):
+        """Queue ``job`` on rank 0's ``writer``, waiting at most ``wait_s`` for room (a round: the other ranks may be
         waiting in the next collective); a job that finds none is held, and the ranks go on."""
-        writer, t0 = self.p.writer, self.clock.monotonic()
+        t0 = self.clock.monotonic()
         deadline = t0 + wait_s
         while not writer.can_submit() and self.clock.monotonic() < deadline:
             yield Until(writer.can_submit, min(self.timing.round_s, deadline - self.clock.monotonic()),
@@ -333,14 +326,15 @@ class OptimizerLoop:
 
     def _queue_held(self) -> bool:
         """Queue the held job if the writer has room now (never waiting); True when nothing is held any more."""
-        if self.held is None or self.p.writer.failed or not self.p.writer.can_submit():
+        writer = self._lead_writer()  # a job is only ever held on rank 0
+        if self.held is None or writer is None or writer.failed or not writer.can_submit():
             return self.held is None
         name, job, since = self.held
         waited = self.clock.monotonic() - since
         self.held_publish_s = max(self.held_publish_s, waited)
         if waited > self.timing.round_s:
             self.log.info("%s queued after %.0fs: the writer has room again", name, waited)
-        self.p.writer.submit(name, job)
+        writer.submit(name, job)
         self.held = None
         return True
 
@@ -369,11 +363,11 @@ def _decision_values(d: Decision) -> dict[str, float]:
 
 
 def _decision_of(values: dict[str, float]) -> Decision:
-    fields = {k: v for k, v in values.items() if k in Decision.__dataclass_fields__}
+    fields: dict[str, Any] = {k: v for k, v in values.items() if k in Decision.__dataclass_fields__}
     return Decision(**{**fields, "batch": round(values["batch"]), "overloaded": values["overloaded"] > 0.5})
 
 
-def _balance_inputs(b) -> dict[str, int]:
+def _balance_inputs(b: BufferStats) -> dict[str, float]:
     return {"received": b.received, "consumed": b.consumed, "wasted": b.dropped_stale + b.evicted_unused,
             "backlog": b.unused}
 

@@ -1,0 +1,69 @@
+"""What an optimizer rank's loop (:class:`rapid.roles.optimizer_loop.OptimizerLoop`) is given: its
+:class:`Parts`. The scale model (``benchmarks/fleet``) stands in for two of them, the learner and the report,
+so these two are interfaces (:class:`LearnerPart`, :class:`ReportPart`); every other part is the product's own
+class."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from rapid.balance import Decision
+from rapid.formats.checkpoint import Checkpoint
+from rapid.infra.store import Store
+from rapid.loader import ExperienceLoader
+from rapid.opt.buffer import ExperienceBuffer
+from rapid.param_store import ParameterStore
+from rapid.publisher import BackgroundWriter
+from rapid.roles.league_keeper import LeagueKeeper
+
+
+class LearnerPart(Protocol):
+    """:class:`rapid.opt.learner.Learner`, or the scale model's stand-in whose update takes simulated time."""
+
+    updates: int
+    """Updates applied (the same count on every rank)."""
+    skipped: int
+    """Updates skipped for non-finite losses or gradients."""
+
+    def update(self, batch: dict[str, np.ndarray], progress: float) -> dict[str, float]:
+        """One update on ``batch``; ``progress`` (0 to 1 of the run's budget) drives the schedules. The stats
+        hold ``skipped`` (1.0 when this update was skipped)."""
+        ...
+
+
+class ReportPart(Protocol):
+    """:class:`rapid.roles.optimizer_report.OptimizerReport` (metrics, the JSONL log, curves), or the scale
+    model's tally."""
+
+    def update(self, updates: int, version: int, stats: dict[str, float], staleness: np.ndarray,
+               decision: Decision, wait_s: float) -> None: ...
+
+    def version(self, version: int) -> None: ...
+
+    def skipped_nonfinite(self, total: int) -> None: ...
+
+    def update_failed(self, error: BaseException) -> None: ...
+
+    def loader_failed(self, failure: str) -> None: ...
+
+
+@dataclass
+class Parts:
+    """What the loop works with. ``tensors()`` is a copy of the live weights to publish; ``checkpoint(version)``
+    a host copy of weights and optimizer state; ``league`` is rank 0's :class:`LeagueKeeper` (None elsewhere);
+    ``writer`` is used on rank 0 only (the scale model gives the other ranks None)."""
+
+    learner: LearnerPart
+    buffer: ExperienceBuffer
+    loader: ExperienceLoader
+    writer: BackgroundWriter | None
+    params: ParameterStore
+    league: LeagueKeeper | None
+    report: ReportPart
+    tensors: Callable[[], dict[str, np.ndarray]]
+    checkpoint: Callable[[int], Checkpoint]
+    store: Store
