@@ -44,13 +44,13 @@ class Group:
 
     def __init__(self, sched, clock, size: int, links: Links):
         self.sched, self.clock, self.size, self.links = sched, clock, size, links
-        self._asked: dict[int, tuple[object, object, float]] = {}  # rank → (actor, request, arrival)
+        self._asked: dict[int, tuple[object, AllReduce | AllGather, float]] = {}  # rank → (actor, request, arrival)
         self._answers: dict[int, object] = {}
         self.collectives = 0
         self.seconds = 0.0  # simulated seconds all collectives cost (without the waits for stragglers)
         self.straggler_wait_s = 0.0  # summed over collectives: last arrival − first arrival
 
-    def meet(self, rank: int, request):
+    def meet(self, rank: int, request: AllReduce | AllGather):
         """A generator for the rank's actor: parks until every rank has asked, returns this rank's answer."""
         self._asked[rank] = (self.clock.actor, request, self.clock.t())
         if len(self._asked) == self.size:
@@ -63,15 +63,20 @@ class Group:
         asked, self._asked = self._asked, {}
         requests = [asked[r][1] for r in range(self.size)]
         first, last = min(a[2] for a in asked.values()), max(a[2] for a in asked.values())
-        if isinstance(requests[0], AllReduce):
-            keys = requests[0].values
-            summed = {k: math.fsum(req.values[k] for req in requests) for k in keys}
+        reduces = [req for req in requests if isinstance(req, AllReduce)]
+        gathers = [req for req in requests if isinstance(req, AllGather)]
+        answers: dict[int, object]
+        if len(reduces) == self.size:
+            keys = reduces[0].values
+            summed = {k: math.fsum(req.values[k] for req in reduces) for k in keys}
             cost = self.links.all_reduce_s(self.size, 8 * len(keys))
             answers = {r: dict(summed) for r in range(self.size)}
-        else:
-            blobs = [req.blob for req in requests]
+        elif len(gathers) == self.size:
+            blobs = [req.blob for req in gathers]
             cost = self.links.all_gather_s(self.size, max(len(b) for b in blobs))
             answers = {r: list(blobs) for r in range(self.size)}
+        else:  # a real process group would hang or fail here
+            raise RuntimeError(f"the ranks asked for different collectives: {requests}")
         self.collectives += 1
         self.seconds += cost
         self.straggler_wait_s += last - first
