@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import random
 import tempfile
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -133,25 +133,25 @@ class SimStop:
         return bool(self)
 
 
-class InlineDownloads:
+class InlineDownloads(Executor):
     """The loader's download pool, run inline; ``streams`` downloads in flight overlap, so each is charged
     1/streams of its modelled latency."""
 
     def __init__(self, clock, streams: int):
         self.clock, self.streams = clock, max(1, streams)
 
-    def submit(self, fn, *args) -> Future:
+    def submit(self, fn, /, *args, **kwargs) -> Future:
         future: Future = Future()
         self.clock.streams = self.streams
         try:
-            future.set_result(fn(*args))
+            future.set_result(fn(*args, **kwargs))
         except BaseException as e:  # the loader reads it from the future, as from a pool thread
             future.set_exception(e)
         finally:
             self.clock.streams = 1
         return future
 
-    def shutdown(self, **_) -> None:
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Nothing runs in the background."""
 
 
@@ -284,9 +284,10 @@ class Rank:
             yield fleet.clock.t() + wait
 
     def _writes(self):
-        while True:
+        writer = self.writer
+        while writer is not None:  # rank 0's only
             start = self.fleet.clock.t()
-            if self.writer.run_next():
+            if writer.run_next():
                 self.writer_jobs.append((self._job, self.fleet.clock.t() - start))
                 yield self.fleet.clock.t()
             else:
@@ -301,12 +302,13 @@ class Rank:
             self.publish_lags.append(self.fleet.clock.t() - self.report.version_at[version])
 
     def _league(self):
-        while True:
-            if not self.keeper.has_work():
+        keeper = self.keeper
+        while keeper is not None:  # rank 0's only
+            if not keeper.has_work():
                 yield self.fleet.clock.t() + 1.0
                 continue
-            retry = self.keeper.step()
-            self.fleet.folded.append((self.fleet.clock.t(), self.keeper.folded_games))
+            retry = keeper.step()
+            self.fleet.folded.append((self.fleet.clock.t(), keeper.folded_games))
             yield self.fleet.clock.t() + (retry or 0.0)
 
 
@@ -321,6 +323,7 @@ class Fleet:
         self.template = sample_arrays(s.samples_per_segment)
         self.group = Group(self.sched, clock, s.ranks, s.links) if s.ranks > 1 else None
         self.stopping = False
+        self.live_half: dict[str, tuple[int, float]] = {}  # live objects at half time (see _half)
         self.played: list[tuple[float, int]] = []  # (time, games) sealed into experience by the workers
         self.folded: list[tuple[float, int]] = []  # (time, games folded into the pool so far)
         self.current: list[float] = []  # share of live workers on the newest or previous version, per sample
@@ -404,7 +407,7 @@ class Fleet:
     def run(self, progress=None) -> None:
         """Run the fleet; ``progress(at)`` after each step may raise :class:`OutOfTime` to end it early (the
         figures then cover the simulated time reached, and there is no drain)."""
-        self.live_half: dict = {}
+        self.live_half = {}
         self.sched.start(Actor("half", self._half()), self.s.sim_s / 2)
         self.sched.start(Actor("stop", self._stop_workers()), self.s.sim_s)
         self.sched.start(Actor("stop ranks", self._stop_ranks()), self.s.sim_s + self.s.drain_s)
