@@ -104,15 +104,21 @@ class Latency:
 class Meter:
     def __init__(self, clock: SimClock, latency: Latency, half_at: float, end_at: float):
         self.clock, self.latency, self.half_at, self.end_at = clock, latency, half_at, end_at
-        self.requests = collections.Counter()  # (family, op, half) → requests (every attempt: S3 bills them)
-        self.bytes = collections.Counter()  # (family, op, half) → modelled bytes
-        self.took = collections.Counter()  # (family, op) → seconds the successful requests took
-        self.done = collections.Counter()  # (family, op) → successful requests
-        self.throttled = collections.Counter()  # family → SlowDown answers
-        self.failed = collections.Counter()  # family → SlowDown raised to the caller after every retry
-        self.errors = collections.Counter()  # (family, code) → error answers: SlowDown, InternalError, reset
-        self.raised = collections.Counter()  # (family, code) → StoreError raised, by the last answer's code
-        self.gets_by_key = collections.Counter()
+        # (family, op, half) → requests (every attempt: S3 bills them)
+        self.requests: collections.Counter[tuple[str, str, int]] = collections.Counter()
+        # (family, op, half) → modelled bytes
+        self.bytes: collections.defaultdict[tuple[str, str, int], float] = collections.defaultdict(float)
+        # (family, op) → seconds the successful requests took
+        self.took: collections.defaultdict[tuple[str, str], float] = collections.defaultdict(float)
+        self.done: collections.Counter[tuple[str, str]] = collections.Counter()  # (family, op) → successful requests
+        self.throttled: collections.Counter[str] = collections.Counter()  # family → SlowDown answers
+        # family → SlowDown raised to the caller after every retry
+        self.failed: collections.Counter[str] = collections.Counter()
+        # (family, code) → error answers: SlowDown, InternalError, reset
+        self.errors: collections.Counter[tuple[str, str]] = collections.Counter()
+        # (family, code) → StoreError raised, by the last answer's code
+        self.raised: collections.Counter[tuple[str, str | None]] = collections.Counter()
+        self.gets_by_key: collections.Counter[str] = collections.Counter()
         self.visible_at: dict[str, float] = {}  # experience key → when its PUT completed
         self.loads: dict[str, list] = collections.defaultdict(list)  # experience key → [(actor, time)]
         self.store_cpu = 0.0  # CPU seconds spent inside the stores (the model's own cost, not rapid's)
