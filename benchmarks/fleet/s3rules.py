@@ -42,7 +42,7 @@ class Objects:
             _, _, key = heapq.heappop(self._due)
             versions = self._pending.get(key)
             n = bisect.bisect_right(versions, now, key=lambda v: v[0]) if versions else 0
-            if not n:
+            if versions is None or not n:
                 continue
             data = versions[n - 1][2]
             del versions[:n]
