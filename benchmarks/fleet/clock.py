@@ -109,9 +109,9 @@ def installed(clock: SimClock):
     patched = [name for name, module in sorted(sys.modules.items())
                if name.startswith("rapid") and getattr(module, "time", None) is _real_time]
     for name in patched:
-        sys.modules[name].time = shim
+        vars(sys.modules[name])["time"] = shim
     try:
         yield patched
     finally:
         for name in patched:
-            sys.modules[name].time = _real_time
+            vars(sys.modules[name])["time"] = _real_time
