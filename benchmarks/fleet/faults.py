@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from rapid.infra.store import Store, StoreError
 from rapid.param_store import ParameterStore
 from rapid.store_map import PARAMS_LATEST
@@ -86,8 +88,8 @@ class Faults:
 class WrongMeta(ParameterStore):
     """The scale model's old bug, as a fault: the update count passed where the meta dict belongs."""
 
-    def publish(self, version: int, tensors, meta) -> None:
-        super().publish(version, tensors, meta["updates"])
+    def publish(self, version: int, tensors: dict[str, np.ndarray], meta: dict | None = None) -> None:
+        super().publish(version, tensors, (meta or {})["updates"])
 
 
 class HungGets(Store):
