@@ -113,12 +113,14 @@ def parse_args(argv=None):
 
 
 def settings_of(a) -> Settings:
+    cadence = CADENCES[a.cadence]
     return Settings(workers=a.workers, ranks=a.ranks, sim_s=60 * a.minutes, poll_s=a.poll_s,
                     retention_s=a.retention_s, update_s=a.update_s, update_spread=a.update_spread,
                     segment_s=a.segment_s, samples_per_segment=a.samples, games_per_upload=a.games,
                     drain_s=a.drain_s, seed=a.seed, skew_s=a.skew_s, slow_upload_s=a.slow_upload_s, churn=a.churn,
                     workers_per_node=a.workers_per_node, grad_mb=a.params_mb, target_reuse=a.target_reuse,
-                    supply=a.supply, **CADENCES[a.cadence])
+                    supply=a.supply, upload_s=cadence["upload_s"], param_poll_s=cadence["param_poll_s"],
+                    publish_s=cadence["publish_s"])
 
 
 def size_scale(a) -> dict:
