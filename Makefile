@@ -38,8 +38,11 @@ chromium:
 train: setup
 	$(VENV)/bin/rapid train --config configs/default.toml
 
+# Style (ruff), then types (mypy over the installed package and benchmarks/, [tool.mypy] in pyproject.toml), then
+# the suite.
 test: setup prometheus slurm chromium
 	$(VENV)/bin/ruff check .
+	$(PY) tests/typecheck.py
 	$(PY) -m pytest -q --durations=25
 
 clean:
