@@ -110,7 +110,9 @@ class ExperienceBuffer:
     def sample(self, batch: int, current_version: int, rng: np.random.Generator, max_reuse: float = np.inf,
                timeout: float = 0.0) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
         """``batch`` fresh samples (least-used first, ties at random) and their staleness, or None if
-        there are too few, or consuming them would push reuse above ``max_reuse``, within ``timeout``."""
+        there are too few, or consuming them would push reuse above ``max_reuse``, within ``timeout``. A batch
+        of samples never used is always served: reuse is held back by refusing second uses, never first ones
+        (a rank that reused samples while short, next to peers in lock step, must still train on what comes)."""
         cap = per_sample_cap(max_reuse)
         with self._lock:
             ready = self._added.wait_for(lambda: self._ready(batch, current_version, max_reuse, cap), timeout)
@@ -130,6 +132,8 @@ class ExperienceBuffer:
         self._drop_stale(current_version)
         if int((self._valid & (self._uses < cap)).sum()) < batch:
             return False
+        if int((self._valid & (self._uses == 0)).sum()) >= batch:
+            return True  # a sample's first use is never refused: left unused it would only go stale
         return self._stats.consumed + batch <= max_reuse * self._stats.usable
 
     def stats(self) -> BufferStats:

@@ -151,3 +151,17 @@ def test_fractional_max_reuse_caps_each_sample_and_the_total():
         uses[got[0]["id"]] += 1
     assert uses.max() <= 2 and uses.sum() == 15 and (uses >= 1).all()     # least-used first: all once
     assert buf.stats().used == 10 and buf.stats().unused == 0
+
+
+def test_a_batch_of_never_used_samples_is_served_even_past_the_reuse_budget():
+    """An optimizer rank short of fresh samples may reuse some (up to optimizer.max_reuse, beside peers in lock
+    step); its later fresh samples must still be drawn at the target reuse of 1, or they sit unused until they go
+    stale (the scale model left 1,702 of 48,640 samples so)."""
+    buf = ExperienceBuffer(capacity=64, max_staleness=8)
+    rng = np.random.default_rng(0)
+    buf.add(batch(4, 0))
+    assert buf.sample(4, 0, rng, max_reuse=2.0) is not None and buf.sample(4, 0, rng, max_reuse=2.0) is not None
+    buf.add(batch(4, 0, start=4))  # consumed 8 of 8 received: at reuse 1 no budget is left, yet these 4 are fresh
+    drawn = buf.sample(4, 0, rng, max_reuse=1.0)
+    assert drawn is not None and buf.stats().used == 8
+    assert buf.sample(1, 0, rng, max_reuse=1.0) is None  # a second use is still refused at reuse 1

@@ -90,9 +90,26 @@ def writer_wait(rank0, clock) -> float:
     return max([*rank0.publish_lags, *unstored], default=0.0)
 
 
+def updates_share(fleet, reached: float) -> float:
+    """Updates done of possible, in samples, over the run after the first minute (rank 0; every rank trains the
+    same batches): what the learner trained on ÷ the least of what it could have taken, busy all the time at the
+    batch sizes it chose, and what arrived at the target reuse; at most 1 (a rank short of fresh samples may
+    reuse some beside peers with plenty, so it can train on more than arrived × the target). 1 when the learner
+    is never idle with data waiting, whichever side (rollouts or learner) sets the pace; stalls of the lock
+    step, the writer or a starved rank bring it down."""
+    s, rank0 = fleet.s, fleet.ranks[0]
+    learner, elapsed = rank0.learner, min(reached, s.sim_s) - MEASURE_FROM_S
+    if not learner.samples or elapsed <= 0:
+        return 0.0
+    received_to = fleet.received_to if reached >= s.sim_s else rank0.buffer.stats().received
+    by_time = elapsed * learner.samples / learner.busy_s
+    by_data = (received_to - fleet.received_from) * s.target_reuse
+    return min(1.0, learner.samples / max(1e-9, min(by_time, by_data)))
+
+
 def health(fleet, fam: dict, reached: float, hot_gets: int) -> dict:
     """The flat health figures (names as in ``--json``)."""
-    s, m, rank0 = fleet.s, fleet.meter, fleet.ranks[0]
+    m, rank0 = fleet.meter, fleet.ranks[0]
     delays = [m.loads[k][0][1] - at for k, at in m.visible_at.items() if m.loads.get(k)]
     lags, _ = fold_lags(fleet.played, fleet.folded)
     uploaded = sum(w.uploader.stats.samples for w in fleet.all_workers)
@@ -102,7 +119,7 @@ def health(fleet, fam: dict, reached: float, hot_gets: int) -> dict:
     pages = m.done["experience", "LIST"]  # pages answered (an attempt answered 500 and retried is not a page)
     return {
         "workers_current_share": float(np.mean(fleet.current)) if fleet.current else 0.0,
-        "updates_share": rank0.learner.busy_s / max(1e-9, min(reached, s.sim_s) - MEASURE_FROM_S),
+        "updates_share": updates_share(fleet, reached),
         "poller_failures": fleet.poller_failures,
         "trained_share": trained / uploaded if uploaded else 0.0,
         "folded_share": folded / played if played else 0.0,
@@ -142,6 +159,12 @@ def figures(fleet, live_half: dict, live_end: dict) -> dict:
         jobs[name] += 1
         longest[name] = max(longest.get(name, 0.0), seconds)
     fig = health(fleet, fam, reached, hot_gets)
+    buffers = [r.buffer.stats() for r in fleet.ranks]
+    fig["samples"] = {"uploaded": sum(w.uploader.stats.samples for w in fleet.all_workers),
+                      "received": sum(b.received for b in buffers), "trained": sum(b.used for b in buffers),
+                      "dropped_stale": sum(b.dropped_stale for b in buffers),
+                      "evicted_unused": sum(b.evicted_unused for b in buffers),
+                      "left_unused": sum(b.unused for b in buffers)}
     group = fleet.group
     fig.update({
         "families": fam,
@@ -189,6 +212,8 @@ def print_report(fig: dict, s, out=print) -> None:
         ("objects uploaded / never loaded / loaded twice / bad",
          f"{fig['uploaded']} / {fig['never_loaded']} / {fig['loaded_twice']} / {fig['bad']}"),
         ("dropped by workers (backlog full)", fig["dropped_by_workers"]),
+        ("samples uploaded / received / trained / stale / evicted / left unused",
+         " / ".join(f"{v:,}" for v in fig["samples"].values())),
         ("discovery delay p50 (s)", f"{fig['discovery_p50_s']:.1f}"),
         ("staleness p50 / p99 (versions)", f"{fig['staleness_p50']:.0f} / {fig['staleness_p99']:.0f}"),
         ("league fold lag p50 (s); games never folded", f"{fig['fold_lag_p50_s']:.1f}; {fig['unfolded_games']}"),

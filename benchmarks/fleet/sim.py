@@ -327,6 +327,7 @@ class Fleet:
         self.played: list[tuple[float, int]] = []  # (time, games) sealed into experience by the workers
         self.folded: list[tuple[float, int]] = []  # (time, games folded into the pool so far)
         self.current: list[float] = []  # share of live workers on the newest or previous version, per sample
+        self.received_from = self.received_to = 0  # rank 0's samples received by the first minute, by the end
         self.poller_failures = self.snapshot_failures = self.churned = self.polls = 0
         self.poll_s: list[float] = []  # simulated seconds each loader poll took
         self.all_workers: list[Worker] = []  # every worker that ever ran (churn replaces some)
@@ -370,6 +371,8 @@ class Fleet:
         return self.ranks[0].loop.version
 
     def _monitor(self):
+        first = self.ranks[0].buffer.stats()  # health is measured after the first minute
+        self.received_from = first.received - first.unused  # what waited then is the window's to use
         while self.clock.t() < self.s.sim_s:
             live = [w.loop.version for w in self.workers.values() if not w.done]
             if live:
@@ -389,6 +392,7 @@ class Fleet:
 
     def _stop_workers(self):
         self.stopping = True  # each worker's loop ends at its next step and flushes; ranks go on loading
+        self.received_to = self.ranks[0].buffer.stats().received
         for w in self.workers.values():
             w.leave()
         yield None

@@ -23,6 +23,7 @@ from .drive import Links
 from .store import family
 
 PARAM_TENSORS = {"w": np.zeros(1024, np.float32)}
+FIXED_SHARE = 0.75  # of the stand-in learner's update time at its smallest batch, paid whatever the batch
 
 
 @dataclass
@@ -87,11 +88,12 @@ class CpuCharged(Store):
 
 
 class SimLearner:
-    """The learner's place in ``OptimizerLoop``: an update of ``batch`` samples takes ``update_s × (1 + batch /
-    nominal_batch) / 2`` (half a fixed cost, half growing with the batch, as a GPU's kernels and the optimizer
-    step are paid once an update), spread by a rank's straggling (lognormal ``spread``), plus the gradient
-    all-reduce of ``grad_bytes`` over the ranks. ``busy_s`` sums the time spent
-    updating after ``measure_from`` (simulated seconds) and before ``measure_to``."""
+    """The learner's place in ``OptimizerLoop``: an update of ``batch`` samples takes ``update_s × (FIXED_SHARE +
+    (1 − FIXED_SHARE) × batch / nominal_batch)`` (on a GPU most of an update's time is paid once: kernel launches,
+    the optimizer step, the all-reduce; a batch 4× as large took 1.5–2× as long in BENCHMARKS' learner figures),
+    spread by a rank's straggling (lognormal ``spread``), plus the gradient all-reduce of ``grad_bytes``.
+    ``busy_s`` and ``samples`` sum the time spent updating and the samples updated on from ``measure_from``
+    (simulated seconds) to ``measure_to``."""
 
     def __init__(self, clock, rng, update_s: float, nominal_batch: int, spread: float, ranks: int,
                  grad_bytes: float, links: Links, measure_from: float, measure_to: float):
@@ -102,16 +104,18 @@ class SimLearner:
         self.updates = 0
         self.skipped = 0
         self.busy_s = 0.0
+        self.samples = 0
 
     def update(self, arrays: dict, progress: float) -> dict:
         start = self.clock.t()
         spread = float(self.rng.lognormal(0.0, self.spread)) if self.spread else 1.0
         batch = int(arrays["version"].shape[0])
-        self.clock.cpu(self.update_s * spread * (1.0 + batch / self.nominal_batch) / 2)
+        self.clock.cpu(self.update_s * spread * (FIXED_SHARE + (1 - FIXED_SHARE) * batch / self.nominal_batch))
         self.clock.charge(self.allreduce_s)
         self.updates += 1
         if self.measure_from <= start < self.measure_to:
             self.busy_s += self.clock.t() - start
+            self.samples += batch
         return {"skipped": False, "loss": 0.0}
 
 
