@@ -88,7 +88,8 @@ def indexed(device: torch.device | str) -> torch.device:
     batches for foreign ones."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
+        # torch's stubs type device.index as int; it is None for a bare "cuda"
+        return torch.device("cuda", torch.cuda.current_device())  # type: ignore[unreachable]
     return device
 
 
