@@ -148,15 +148,23 @@ def _meeting_store(identity: Identity, timeout: datetime.timedelta) -> Any:
     return store
 
 
-def check_placements(store: Any, identity: Identity, mine: Placement) -> None:
+def check_placements(store: Any, identity: Identity, mine: Placement, read_wait_s: float = 30.0) -> None:
     """Every rank puts its placement in ``store``; rank 0 reads them all and posts the verdict, which every rank
-    reads: two requests per rank, and all stop with the same line or none does."""
+    reads and says it read: three requests per rank, and all stop with the same line or none does. Rank 0 (whose
+    process may host the store) leaves only once every rank has read the verdict: a rank reading it from a store
+    that is gone would end with a traceback instead of the line."""
     store.set(f"rapid/placement/{identity.rank}", json.dumps(asdict(mine)))
     if identity.rank == 0:
         keys = [f"rapid/placement/{r}" for r in range(identity.size)]
         store.set("rapid/placement/verdict", placement_problem([Placement(**json.loads(v))
                                                                 for v in store.multi_get(keys)]))
     verdict = store.get("rapid/placement/verdict").decode()
+    read = store.add("rapid/placement/read", 1)
+    if identity.rank == 0:
+        deadline = time.monotonic() + read_wait_s
+        while read < identity.size and time.monotonic() < deadline:
+            time.sleep(0.01)
+            read = store.add("rapid/placement/read", 0)
     if verdict:
         raise LayoutError(verdict)
 

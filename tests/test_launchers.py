@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+import time
 
 import pytest
 import torch.distributed as dist
@@ -187,3 +188,50 @@ def test_a_launcher_that_contradicts_itself_stops_the_role_in_one_line(monkeypat
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["optimizer"]) == 2
     assert capsys.readouterr().err.splitlines() == ["rapid: error: RANK='one' is not a whole number"]
+
+
+def test_rank_0_hosting_the_store_leaves_only_once_every_rank_read_the_verdict():
+    """Rank 0 hosts the store under MPI: had it left as soon as it posted a refusal, a slower rank would read the
+    verdict from a store that was gone and end with a traceback, not the line (seen in the suite under load)."""
+    timeout = datetime.timedelta(seconds=5)
+    clash = [BOUND[0], Placement(1, "gpu1", "nccl", "cuda:0", BOUND[0].gpu)]
+    port: list[int] = []
+    outcomes = [""] * 2
+
+    class Slow:  # rank 1's client: it reads the verdict half a second late
+        def __init__(self, store):
+            self.store = store
+
+        def get(self, key):
+            time.sleep(0.5)
+            return self.store.get(key)
+
+        def __getattr__(self, name):
+            return getattr(self.store, name)
+
+    def rank0() -> None:
+        master = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, timeout=timeout, wait_for_workers=False)
+        port.append(master.port)
+        try:
+            check_placements(master, Identity(0, 2, 0, 2, "gpu1", "mpi"), clash[0])
+        except LayoutError as e:
+            outcomes[0] = str(e)
+        del master  # the process ends: its store goes with it
+
+    def rank1() -> None:
+        while not port:
+            time.sleep(0.01)
+        store = Slow(dist.TCPStore("127.0.0.1", port[0], 2, False, timeout=timeout))
+        try:
+            check_placements(store, Identity(1, 2, 1, 2, "gpu1", "mpi"), clash[1])
+        except LayoutError as e:
+            outcomes[1] = str(e)
+        except Exception as e:  # noqa: BLE001 - what rank 1 met instead of the line is the finding
+            outcomes[1] = f"{type(e).__name__}: {e}"
+
+    threads = [threading.Thread(target=rank0), threading.Thread(target=rank1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert outcomes[0] == outcomes[1] and "would share" in outcomes[0], outcomes
