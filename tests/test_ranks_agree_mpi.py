@@ -3,8 +3,8 @@
 - The store refuses parameter and checkpoint writes for three collective timeouts (12 s): every rank keeps
   agreeing and training, rank 0 holds the versions its writer cannot take yet, and the job ends at its time limit
   with every version stored and a final checkpoint (2 ranks here; 2 and 4 ranks of the same loop in lock step
-  in tests/test_ranks_agree.py, in-process, where a run costs a second instead of 23). Today rank 0 waited for its writer inside
-  the round and the other ranks' agreement all-reduce timed out.
+  in tests/test_ranks_agree.py, in-process, where a run costs a second instead of 23). Today rank 0 waited for
+  its writer inside the round and the other ranks' agreement all-reduce timed out.
 - Resumed after the newest checkpoint was damaged, two ranks start from the same older checkpoint, with equal
   digests of their whole state.
 
