@@ -23,6 +23,8 @@ from rapid.infra.store import Store, StoreError
 from rapid.param_store import ParameterStore
 from rapid.store_map import PARAMS_LATEST
 
+from .standins import StoreWrapper
+
 FAULT_AT_S = 120.0
 """When the timed faults start: after the first minute, when the healthy figures are measured from."""
 NAMES = ("params-outage", "wrong-meta", "stale-drop", "keeper-stopped", "one-shard", "hung-get")
@@ -92,34 +94,16 @@ class WrongMeta(ParameterStore):
         super().publish(version, tensors, (meta or {})["updates"])
 
 
-class HungGets(Store):
+class HungGets(StoreWrapper):
     """A reader whose GETs of ``params/LATEST`` hang ``seconds`` (a stopped server that accepts the connection)
     and then fail with a read timeout, from ``FAULT_AT_S`` on."""
 
     def __init__(self, inner, seconds: float):
-        self.inner, self.seconds, self.url = inner, seconds, inner.url
-        self.clock = inner.clock
+        super().__init__(inner)
+        self.seconds, self.clock = seconds, inner.clock
 
     def get(self, key: str, *args, **kwargs) -> bytes:
         if key == PARAMS_LATEST and self.clock.t() >= FAULT_AT_S:
             self.clock.charge(self.seconds)
             raise StoreError(f"get {key}: read timeout after {self.seconds:g}s")
         return self.inner.get(key, *args, **kwargs)
-
-    def put(self, key: str, data: bytes) -> None:
-        self.inner.put(key, data)
-
-    def put_if_absent(self, key: str, data: bytes) -> bool:
-        return self.inner.put_if_absent(key, data)
-
-    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
-        return self.inner.list(prefix, start_after=start_after)
-
-    def delete(self, key: str) -> None:
-        self.inner.delete(key)
-
-    def exists(self, key: str) -> bool:
-        return self.inner.exists(key)
-
-    def describe(self) -> str:
-        return self.inner.describe()

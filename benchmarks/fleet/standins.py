@@ -37,15 +37,43 @@ class Costs:
     pool_json_s_per_kb: float = 1.6e-4
 
 
-class CpuCharged(Store):
+class StoreWrapper(Store):
+    """A store that passes every call to ``inner``; a subclass changes what it must."""
+
+    def __init__(self, inner):
+        self.inner, self.url = inner, inner.url
+
+    def put(self, key: str, data: bytes) -> None:
+        self.inner.put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        return self.inner.put_if_absent(key, data)
+
+    def get(self, key: str, *args, **kwargs) -> bytes:
+        return self.inner.get(key, *args, **kwargs)
+
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
+        return self.inner.list(prefix, start_after=start_after)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+
+class CpuCharged(StoreWrapper):
     """A store as one process sees it: every answer costs that process CPU (a LIST page parsed, a params or
     checkpoint PUT encoded, the pool's JSON parsed or written), except an experience object's decoding, which
     an optimizer rank does in its decode worker processes (``optimizer.decode_workers``): that CPU is the
     ``decoder`` process's, and the GET's caller waits for it."""
 
     def __init__(self, inner, clock, latency, costs: Costs, decoder: object = None):
-        self.inner, self.clock, self.latency, self.costs, self.decoder = inner, clock, latency, costs, decoder
-        self.url = inner.url
+        super().__init__(inner)
+        self.clock, self.latency, self.costs, self.decoder = clock, latency, costs, decoder
 
     def _mb(self, key: str, n: int) -> float:
         return self.latency.bytes(key, n) / 1e6
@@ -77,14 +105,6 @@ class CpuCharged(Store):
         self.clock.cpu(self.costs.list_page_s * max(1, -(-len(keys) // 1000)))
         return keys
 
-    def delete(self, key: str) -> None:
-        self.inner.delete(key)
-
-    def exists(self, key: str) -> bool:
-        return self.inner.exists(key)
-
-    def describe(self) -> str:
-        return self.inner.describe()
 
 
 class SimLearner:
