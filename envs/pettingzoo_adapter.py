@@ -104,6 +104,18 @@ def split_sides(agents: list[str]) -> tuple[int, ...]:
     return tuple(0 if i < half else 1 for i in range(len(agents)))
 
 
+
+def observation_and_mask(obs: Any, info: dict | None) -> tuple[Any, Any]:
+    """A PettingZoo agent's observation and its action mask (None if it has none): the mask rides in a dict
+    observation (``action_mask``), else in the agent's info."""
+    mask = None
+    if isinstance(obs, dict):
+        mask = obs.get("action_mask")
+        obs = obs["observation"]
+    if mask is None and info:
+        mask = info.get("action_mask")
+    return obs, mask
+
 class PettingZooVecEnv(VecMultiAgentEnv):
     """B independent PettingZoo games behind the vectorized interface."""
 
@@ -157,12 +169,7 @@ class PettingZooVecEnv(VecMultiAgentEnv):
 
     def _write_agent(self, b: int, agent: str, obs: Any, info: dict | None, active: bool) -> None:
         i = self.index[agent]
-        mask = None
-        if isinstance(obs, dict):
-            mask = obs.get("action_mask")
-            obs = obs["observation"]
-        if mask is None and info:
-            mask = info.get("action_mask")
+        obs, mask = observation_and_mask(obs, info)
         flat = np.asarray(obs).reshape(-1)
         row = self._obs[b, i]
         row[:flat.size] = flat

@@ -44,6 +44,7 @@ from gymnasium import spaces
 
 from rapid.api import TrainedPolicy
 from rapid.envs.base import head_offsets
+from rapid.envs.pettingzoo_adapter import observation_and_mask
 from rapid.errors import UsageError
 
 
@@ -101,12 +102,7 @@ class PettingZooAgent:
     def _view(self, agent: str, observation: Any, info: dict | None) -> tuple[np.ndarray, np.ndarray]:
         """The agent's observation and action mask as rows of the policy's vectors, laid out as the vector
         env that trained it lays them out (zero-padded; the agent's own heads' slots of the mask)."""
-        mask = None
-        if isinstance(observation, dict):
-            mask = observation.get("action_mask")
-            observation = observation["observation"]
-        if mask is None and info:
-            mask = info.get("action_mask")
+        observation, mask = observation_and_mask(observation, info)
         obs = np.zeros(self.policy.spec.obs_dim, np.float32)
         flat = np.asarray(observation, dtype=np.float32).ravel()
         obs[:flat.size] = flat

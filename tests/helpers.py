@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from rapid.infra.store import LocalStore, StoreError
 from rapid.monitoring.logs import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,3 +79,22 @@ def check_beats_random(run: Path, started: float, out: subprocess.CompletedProce
                       "--games", "400", "--seed", "777", *greedy)
         win_rate = float(check.stdout.split("win rate ")[1].split()[0])
         assert win_rate >= target - 0.1, check.stdout
+
+
+class RefusingStore(LocalStore):
+    """A local run store that refuses the writes ``refuses(key)`` names, as S3 does in an outage."""
+
+    def refuses(self, key: str) -> bool:
+        return False
+
+    def _check(self, key: str) -> None:
+        if self.refuses(key):
+            raise StoreError(f"put {key}: connection refused")
+
+    def put(self, key: str, data: bytes) -> None:
+        self._check(key)
+        super().put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        self._check(key)
+        return super().put_if_absent(key, data)

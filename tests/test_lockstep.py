@@ -12,11 +12,11 @@ import pytest
 import rapid.roles.optimizer as optimizer
 from rapid.config import load_config
 from rapid.formats.experience import encode_experience
-from rapid.infra.store import LocalStore, StoreError
 from rapid.monitoring.logs import read_jsonl
 from rapid.roles.lockstep import NOTICE_EVERY_S, QUIET_WAIT_S, WaitNotice
 from rapid.roles.startup import StopFlag
 from rapid.store_map import experience_key, params_key
+from tests.helpers import RefusingStore
 from tests.test_scale_mpi import connect_four_shape, make_experience
 
 SMALL = ['env.name="pettingzoo.classic.connect_four_v3"', "env.num_games=8", "model.hidden=16", "model.lstm=16",
@@ -45,20 +45,11 @@ def test_waiting_for_experience_is_said_once_quiet_then_each_minute_and_its_end(
     assert lines[2].startswith("experience arrived after 77s")
 
 
-class ParamsDown(LocalStore):
+class ParamsDown(RefusingStore):
     """A run store whose parameter writes fail after version 0, like S3 in an outage."""
 
-    def _check(self, key: str) -> None:
-        if key.startswith("params/") and self.exists("params/LATEST"):
-            raise StoreError(f"put {key}: connection refused")
-
-    def put(self, key: str, data: bytes) -> None:
-        self._check(key)
-        super().put(key, data)
-
-    def put_if_absent(self, key: str, data: bytes) -> bool:
-        self._check(key)
-        return super().put_if_absent(key, data)
+    def refuses(self, key: str) -> bool:
+        return key.startswith("params/") and self.exists("params/LATEST")
 
 
 def test_a_store_outage_to_the_end_stops_the_run_at_its_limit_in_one_line(tmp_path, monkeypatch, caplog):

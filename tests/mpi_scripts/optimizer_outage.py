@@ -25,25 +25,19 @@ OUTAGE_FROM = 12
 def outage_store(url: str, outage_s: float, window: dict):
     """The run's local store, with params/ and checkpoints/ writes refused for ``outage_s`` from the first params
     write of version ``OUTAGE_FROM`` or later (``window`` gets its start and end, wall clock)."""
-    from rapid.infra.store import LocalStore, StoreError
-    from rapid.store_map import parse_params_key
+    from pathlib import Path
 
-    class Outage(LocalStore):
-        def _check(self, key: str) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for tests.helpers
+    from rapid.store_map import parse_params_key
+    from tests.helpers import RefusingStore
+
+    class Outage(RefusingStore):
+        def refuses(self, key: str) -> bool:
             now = time.time()
             version = parse_params_key(key)
             if "from" not in window and version is not None and version >= OUTAGE_FROM:
                 window.update({"from": now, "to": now + outage_s})
-            if key.startswith(("params/", "checkpoints/")) and window.get("from", now + 1) <= now < window["to"]:
-                raise StoreError(f"put {key}: connection refused (outage)")
-
-        def put(self, key: str, data: bytes) -> None:
-            self._check(key)
-            super().put(key, data)
-
-        def put_if_absent(self, key: str, data: bytes) -> bool:
-            self._check(key)
-            return super().put_if_absent(key, data)
+            return key.startswith(("params/", "checkpoints/")) and window.get("from", now + 1) <= now < window["to"]
 
     return Outage(url)
 
