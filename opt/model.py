@@ -91,6 +91,23 @@ class RunningNorm(nn.Module):
         return z.clamp(-self.clip, self.clip)
 
 
+def sample_heads(heads: list[torch.Tensor], uniforms: torch.Tensor) -> torch.Tensor:
+    """Actions [N, heads] drawn by inverse CDF: head i's action is the first whose cumulative probability passes
+    ``uniforms[:, i]`` times the head's total (so float rounding never reaches past the last allowed action; a
+    forbidden action has probability exactly 0 and an empty interval).
+
+    >>> lp = torch.tensor([[0.25, 0.75]]).log()
+    >>> [int(sample_heads([lp], torch.tensor([[u]]))) for u in (0.0, 0.2, 0.3, 0.99)]
+    [0, 0, 1, 1]
+    """
+    picks = []
+    for i, lp in enumerate(heads):
+        cdf = lp.exp().cumsum(-1)
+        threshold = uniforms[:, i:i + 1].to(cdf.dtype) * cdf[:, -1:]
+        picks.append((cdf <= threshold).sum(-1).clamp(max=lp.shape[-1] - 1))
+    return torch.stack(picks, -1)
+
+
 @dataclass
 class ActOutput:
     actions: torch.Tensor
@@ -241,12 +258,17 @@ class Policy(nn.Module):
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, mask: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor],
-            greedy: bool = False) -> ActOutput:
+            greedy: bool = False, uniforms: torch.Tensor | None = None) -> ActOutput:
+        """``uniforms`` [N, heads] in [0, 1) choose the sampled actions (:func:`sample_heads`): the same uniforms
+        give the same actions wherever the policy runs (a worker's own core or a node's inference server)."""
         h, c = self._core(obs, state)
         heads = self._log_probs(h, mask)
-        actions = torch.stack([lp.argmax(-1) if greedy else
-                               torch.distributions.Categorical(logits=lp, validate_args=False).sample()
-                               for lp in heads], -1)
+        if greedy:
+            actions = torch.stack([lp.argmax(-1) for lp in heads], -1)
+        else:
+            if uniforms is None:
+                uniforms = torch.rand(h.shape[0], len(heads), device=h.device)
+            actions = sample_heads(heads, uniforms)
         logp = _summed(lp.gather(-1, actions[:, i:i + 1]).squeeze(-1) for i, lp in enumerate(heads))
         value = self.value_head(h).squeeze(-1) * self.return_scale.float()
         return ActOutput(actions, logp, value, (h, c))
