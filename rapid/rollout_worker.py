@@ -27,19 +27,23 @@ asymmetric games.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
-import torch
 
 from rapid.config import Config
 from rapid.decisions import Decisions
 from rapid.envs.base import EnvSpec, ScriptedBot, StepResult, VecMultiAgentEnv
+from rapid.inference import ActRequest, Group, Inference, InferenceLost, LocalInference
 from rapid.league.sampling import LATEST
 from rapid.opt import losses
 from rapid.opt.model import Policy
+
+ACTION_STREAM = 0x5A17
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -104,31 +108,47 @@ class Segment:
 
 
 class RolloutWorker:
+    """Plays its env's B games; the policy runs where ``inference`` says (default: on this core). A step is two
+    halves, :meth:`begin_step` (ask for the actions) and :meth:`finish_step` (take them, step the env, record), so
+    that :class:`Lanes` can step one group of games while another's actions are being decided."""
+
     def __init__(self, env: VecMultiAgentEnv, policy: Policy, settings: RolloutSettings,
-                 opponents: OpponentSource | None = None, seed: int = 0):
+                 opponents: OpponentSource | None = None, seed: int = 0, inference: Inference | None = None):
         self.env, self.policy, self.settings = env, policy, settings
         self.opponents = opponents or SelfPlay()
         self.rng = np.random.default_rng(seed)
+        self.draws = np.random.default_rng((seed, ACTION_STREAM))
+        """The uniforms that pick sampled actions: one stream per worker, whichever process runs the policy."""
         spec = env.spec
         self.B, self.A = env.num_games, spec.num_agents
+        self.R, self.H = self.B * self.A, len(spec.action_heads)
         self.sides = np.asarray(spec.side_of_agent)
         self.version = -1
         self.team_spirit = settings.team_spirit
-        self.step_result: StepResult = env.reset(seed=seed)
-        self.state = policy.initial_state(self.B * self.A)
-        self.decisions = Decisions(self.B * self.A, settings.segment_steps, settings.bptt, spec.obs_dim,
-                                   spec.mask_dim, len(spec.action_heads), policy.lstm_size)
+        self.inference = inference or LocalInference(policy, self.R)
+        self.restarts = 0
+        """Times the games restarted because the node's inference server was lost."""
+        self._new_games(seed)
+        self._pending: tuple[np.ndarray, list[Group], int | None] | None = None
+        self._parts: list[dict[str, np.ndarray]] = []
+        self._episodes: list[dict] = []
+
+    def _new_games(self, seed: int | None) -> None:
+        spec, s = self.env.spec, self.settings
+        self.step_result: StepResult = self.env.reset(seed=seed)
+        self.decisions = Decisions(self.R, s.segment_steps, s.bptt, spec.obs_dim, spec.mask_dim, self.H,
+                                   self.policy.lstm_size)
         self.learner_side = self.rng.integers(0, 2, self.B)
         self.game_opponent = [self.opponents.choose(self.rng) for _ in range(self.B)]
-        self._control: list[tuple[Opponent | None, torch.Tensor]] | None = None
+        self._control: list[tuple[Opponent | None, np.ndarray]] | None = None
 
     def set_params(self, version: int, tensors: dict[str, np.ndarray], meta: Mapping | None = None) -> None:
         """Play ``version`` from now on; its ``meta`` may carry the team spirit to mix rewards with."""
-        self.policy.load_tensors(tensors)
+        self.inference.set_params(version, tensors)
         self.version = version
         self.team_spirit = stamped_team_spirit(meta, self.settings.team_spirit)
 
-    def _controllers(self) -> list[tuple[Opponent | None, torch.Tensor]]:
+    def _controllers(self) -> list[tuple[Opponent | None, np.ndarray]]:
         """Who acts for which agent: the rows of every controller (None for the learner). It only changes when a
         game ends, so it is kept until then."""
         if self._control is None:
@@ -138,56 +158,93 @@ class RolloutWorker:
             for b, opp in enumerate(self.game_opponent):
                 if opp.id != LATEST:
                     rows.setdefault(id(opp), (opp, []))[1].extend(b * self.A + np.flatnonzero(~own[b]))
-            groups = [(opp, torch.as_tensor(np.asarray(r, dtype=np.int64))) for opp, r in rows.values() if len(r)]
-            self._control = groups
+            self._control = [(opp, np.asarray(r, dtype=np.int64)) for opp, r in rows.values() if len(r)]
         return self._control
 
-    def _act(self, step: StepResult, moving: np.ndarray) -> np.ndarray:
-        """Every controller's actions; the learner's decisions (its rows that move) are recorded. A policy
-        steps only the rows that move, so their memory holds only the steps they decide."""
-        B, A = self.B, self.A
-        H = len(self.env.spec.action_heads)
-        obs = torch.from_numpy(step.obs.reshape(B * A, -1))
-        mask = torch.from_numpy(step.action_mask.reshape(B * A, -1))
-        actions = np.zeros((B * A, H), dtype=np.int64)
-        h, c = self.state
+    def begin_step(self) -> None:
+        """Ask for the actions of the rows that move now (bots act at once)."""
+        try:
+            self._begin()
+        except InferenceLost as e:
+            self._restart(e)
+            self._begin()
+
+    def _begin(self) -> None:
+        step, R = self.step_result, self.R
+        moving = self.env.spec.moving(step.active).reshape(R)
+        actions = np.zeros((R, self.H), dtype=np.int64)
+        groups: list[Group] = []
+        learner = None
         for opp, rows in self._controllers():
             if opp is not None and opp.bot is not None:
-                actions[rows.numpy()] = opp.bot.act(step).reshape(B * A, H)[rows.numpy()]
+                actions[rows] = opp.bot.act(step).reshape(R, self.H)[rows]
                 continue
-            rows = rows[torch.from_numpy(moving[rows.numpy()])]
+            rows = rows[moving[rows]]
             if not len(rows):
                 continue
-            idx = rows.numpy()
             if opp is None:
-                net = self.policy
-            elif opp.policy is not None:
-                net = opp.policy
-            else:  # the opponent sources give every past opponent a policy or a bot
-                raise RuntimeError(f"opponent {opp.id} has neither a policy nor a bot")
-            inputs, before = (obs[rows], mask[rows]), (h[rows], c[rows])  # indexing copies: read once, kept
-            out = net.act(*inputs, before)
-            actions[idx] = out.actions.numpy()
-            h[rows], c[rows] = out.state
-            if opp is None:
-                self.decisions.record(idx, inputs[0].numpy(), inputs[1].numpy(), actions[idx], out.logp.numpy(),
-                                      out.value.numpy(), step.active.reshape(B * A)[idx], before[0].numpy(),
-                                      before[1].numpy(), version=self.version,
-                                      opponents=[self.game_opponent[r // A].id for r in idx])
-        return actions
+                learner = len(groups)
+            groups.append(Group(LATEST, rows) if opp is None else Group(opp.id, rows, opp.policy))
+        uniforms = self.draws.random((R, self.H), dtype=np.float32)
+        self.inference.submit(ActRequest(step.obs.reshape(R, -1), step.action_mask.reshape(R, -1), uniforms, groups))
+        self._pending = (actions, groups, learner)
+
+    def finish_step(self) -> None:
+        """Take the actions, step the env and record the learner's decisions; complete segments become samples.
+        If the node's server was lost, the games restart instead (their states are gone)."""
+        if self._pending is None:
+            return
+        try:
+            self._finish()
+        except InferenceLost as e:
+            self._restart(e)
+
+    def _finish(self) -> None:
+        assert self._pending is not None
+        actions, groups, learner = self._pending
+        self._pending = None
+        result = self.inference.result()
+        step, R, s = self.step_result, self.R, self.settings
+        start = 0
+        for i, group in enumerate(groups):
+            part = slice(start, start + len(group.rows))
+            start = part.stop
+            actions[group.rows] = result.actions[part]
+            if i == learner:
+                idx = group.rows
+                self.decisions.record(idx, step.obs.reshape(R, -1)[idx], step.action_mask.reshape(R, -1)[idx],
+                                      result.actions[part], result.logp[part], result.value[part],
+                                      step.active.reshape(R)[idx], result.h_before[part], result.c_before[part],
+                                      version=result.version, opponents=[self.game_opponent[r // self.A].id
+                                                                         for r in idx])
+        nxt = self.env.step(actions.reshape(self.B, self.A, -1))
+        rewards = losses.mix_rewards(nxt.rewards, self.sides, self.team_spirit, s.zero_sum)
+        self.decisions.after_step(rewards.reshape(R), np.repeat(nxt.done, self.A), self._values_at_cuts(nxt))
+        for ep in nxt.episodes:
+            self._game_over(ep.game, ep, self._episodes)
+        self.step_result = nxt
+        complete = self.decisions.complete()
+        if len(complete):
+            self._parts.append(self.decisions.take(complete, s.gamma, s.gae_lambda))
+
+    def _restart(self, why: Exception) -> None:
+        """The states of every running game are gone with the server: start new games. Decisions not yet in a
+        complete segment are dropped, so no sample mixes states or versions across the loss."""
+        self.restarts += 1
+        log.warning("the node's inference server was lost (%s): this worker's games start again", why)
+        self._pending = None
+        self._new_games(int(self.rng.integers(1 << 31)))
+        self.inference.reset(np.arange(self.R))
 
     def _values_at_cuts(self, nxt: StepResult) -> np.ndarray | None:
         """[rows]: the learner's value of its view where a game was cut at a time limit the agent could not see
         (``EnvSpec.clock_in_obs``), from its memory before the reset; 0 elsewhere. None if nothing was cut."""
         if nxt.final_obs is None or self.env.spec.clock_in_obs:
             return None
-        R = self.B * self.A
-        values = np.zeros(R, np.float32)
+        values = np.zeros(self.R, np.float32)
         rows = np.flatnonzero(np.repeat(nxt.truncated, self.A) & self.decisions.in_game)
         if len(rows):
-            index = torch.from_numpy(rows)
-            views = torch.from_numpy(nxt.final_obs.reshape(R, -1)[rows])
-            values[rows] = self.policy.value(views, (self.state[0][index], self.state[1][index])).numpy()
+            values[rows] = self.inference.value(rows, nxt.final_obs.reshape(self.R, -1)[rows])
         return values
 
     def _game_over(self, b: int, ep, episodes: list[dict]) -> None:
@@ -200,31 +257,72 @@ class RolloutWorker:
         self.learner_side[b] = self.rng.integers(0, 2)
         self.game_opponent[b] = self.opponents.choose(self.rng)
         self._control = None
-        rows = slice(b * self.A, (b + 1) * self.A)
-        self.state[0][rows] = 0.0
-        self.state[1][rows] = 0.0
+        self.inference.reset(np.arange(b * self.A, (b + 1) * self.A))
+
+    def start_segment(self) -> None:
+        s = self.settings
+        self._parts = [self.decisions.take(np.zeros(0, np.int64), s.gamma, s.gae_lambda)]
+        self._episodes = []
+
+    def end_segment(self) -> Segment:
+        arrays = {k: np.concatenate([part[k] for part in self._parts]) for k in self._parts[0]}
+        ids, index = np.unique(arrays["opponent"], return_inverse=True)
+        arrays["opponent"] = index.astype(np.int32).reshape(-1)
+        segment = Segment(arrays, ids.tolist(), self._episodes, self.settings.segment_steps * self.R)
+        self._parts, self._episodes = [], []
+        return segment
 
     def collect(self) -> Segment:
         """Play ``segment_steps`` steps and return the learner's complete segments as samples with advantages
         and returns (rows whose segment is not complete yet carry it over to the next call)."""
-        s = self.settings
-        R = self.B * self.A
-        parts: list[dict[str, np.ndarray]] = [self.decisions.take(np.zeros(0, np.int64), s.gamma, s.gae_lambda)]
-        episodes: list[dict] = []
-        for _ in range(s.segment_steps):
-            step = self.step_result
-            moving = self.env.spec.moving(step.active).reshape(R)
-            actions = self._act(step, moving)
-            nxt = self.env.step(actions.reshape(self.B, self.A, -1))
-            rewards = losses.mix_rewards(nxt.rewards, self.sides, self.team_spirit, s.zero_sum)
-            self.decisions.after_step(rewards.reshape(R), np.repeat(nxt.done, self.A), self._values_at_cuts(nxt))
-            for ep in nxt.episodes:
-                self._game_over(ep.game, ep, episodes)
-            self.step_result = nxt
-            complete = self.decisions.complete()
-            if len(complete):
-                parts.append(self.decisions.take(complete, s.gamma, s.gae_lambda))
-        arrays = {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
-        ids, index = np.unique(arrays["opponent"], return_inverse=True)
-        arrays["opponent"] = index.astype(np.int32).reshape(-1)
-        return Segment(arrays, ids.tolist(), episodes, s.segment_steps * R)
+        self.start_segment()
+        for _ in range(self.settings.segment_steps):
+            self.begin_step()
+            self.finish_step()
+        return self.end_segment()
+
+
+def merged(segments: list[Segment]) -> Segment:
+    """One segment of several lanes' (their opponent indices renumbered into one list of ids)."""
+    ids = sorted({i for s in segments for i in s.opponents})
+    parts = []
+    for s in segments:
+        part = dict(s.arrays)
+        remap = np.asarray([ids.index(i) for i in s.opponents], dtype=np.int32)
+        part["opponent"] = remap[part["opponent"]] if len(remap) else part["opponent"]
+        parts.append(part)
+    arrays = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return Segment(arrays, ids, [e for s in segments for e in s.episodes], sum(s.env_steps for s in segments))
+
+
+class Lanes:
+    """A worker's games in groups (lanes), each with an env of its own, stepped in turn: while one lane's env
+    steps, the node's server decides the next lane's actions. Used as one worker (``collect``, ``set_params``,
+    ``version``)."""
+
+    def __init__(self, lanes: list[RolloutWorker]):
+        self.lanes = lanes
+
+    @property
+    def version(self) -> int:
+        return min(w.version for w in self.lanes)
+
+    @property
+    def restarts(self) -> int:
+        return sum(w.restarts for w in self.lanes)
+
+    def set_params(self, version: int, tensors: dict[str, np.ndarray], meta: Mapping | None = None) -> None:
+        for w in self.lanes:
+            w.set_params(version, tensors, meta)
+
+    def collect(self) -> Segment:
+        steps = self.lanes[0].settings.segment_steps
+        for w in self.lanes:
+            w.start_segment()
+            w.begin_step()
+        for t in range(steps):
+            for w in self.lanes:
+                w.finish_step()
+                if t + 1 < steps:
+                    w.begin_step()
+        return merged([w.end_segment() for w in self.lanes])

@@ -48,8 +48,8 @@ def test_opponent_fixed_for_a_whole_game_and_state_reset_at_game_start():
         assert len(segment.episodes) == len(ended)
         assert sorted(e["opponent"] for e in segment.episodes) == sorted(before[g].id for g in ended)
         for g in ended:  # the new game starts from a zero LSTM state
-            assert torch.all(worker.state[0][g * A:(g + 1) * A] == 0)
-            assert torch.all(worker.state[1][g * A:(g + 1) * A] == 0)
+            assert torch.all(worker.inference.h[g * A:(g + 1) * A] == 0)
+            assert torch.all(worker.inference.c[g * A:(g + 1) * A] == 0)
             assert worker.decisions.fresh[g * A:(g + 1) * A].all()
         finished += len(ended)
     assert finished >= 20
