@@ -88,7 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     for role, text in (("optimizer", "an optimizer rank (run under mpiexec for several ranks)"),
                        ("rollout", "a rollout worker (one per process or MPI rank)"),
-                       ("evaluator", "the evaluator: rates new versions against the baseline")):
+                       ("evaluator", "the evaluator: rates new versions against the baseline"),
+                       ("inference", "the node's inference server (rollout.inference = node; a node's first worker "
+                                     "starts it if none runs)")):
         p = sub.add_parser(role, help=text)
         _config_args(p)
         if role == "optimizer":
@@ -215,6 +217,10 @@ def cmd_role(args) -> int:
             from rapid.roles.evaluator import run_evaluator
 
             return run_evaluator(cfg)
+        if args.command == "inference":
+            from rapid.roles.inference import run_inference_server
+
+            return run_inference_server(cfg)
         from rapid.roles.optimizer import pick_device, run_optimizer
         from rapid.roles.startup import check_run_dir
 
@@ -346,8 +352,8 @@ def cmd_surgery(args) -> int:
 
 
 COMMANDS = {"train": cmd_train, "config": cmd_config, "eval": cmd_eval, "optimizer": cmd_role,
-            "rollout": cmd_role, "evaluator": cmd_role, "replay": cmd_replay, "report": cmd_report,
-            **agent_cli.COMMANDS,
+            "rollout": cmd_role, "evaluator": cmd_role, "inference": cmd_role, "replay": cmd_replay,
+            "report": cmd_report, **agent_cli.COMMANDS,
             "monitor": cmd_monitor, "league": cmd_league, "surgery": cmd_surgery}
 
 

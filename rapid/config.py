@@ -109,6 +109,23 @@ class RolloutConfig:
     """Once the run's optimizer has stopped (its lease released, or expired: it died), a worker plays no more
     games and waits this many seconds for an optimizer to take the run again (a --resume), then stops (0: at
     once). It asks only when no new version has come for a few publish intervals."""
+    inference: str = "local"
+    """Where the policy runs: 'local' (on each worker's core), 'node' (one inference server per node batches every
+    worker's requests, on the node's GPU if it has one, and is the node's only reader of parameters), 'auto' (node
+    where a GPU is visible)."""
+    inference_lanes: int = 2
+    """With node inference: groups a worker's games split into (env.num_games must divide), one stepping while
+    another's actions are decided."""
+    inference_max_batch: int = 8192
+    """With node inference: most agent rows in one batch of the server."""
+    inference_max_wait_ms: float = 2.0
+    """With node inference: longest a request waits for others to join its batch (a batch goes at once when every
+    connected lane waits)."""
+    inference_device: str = "auto"
+    """The node server's device: 'auto' (cuda where visible), 'cpu', 'cuda'."""
+    inference_spawn: bool = True
+    """With node inference: a worker that finds no server on its node starts one (false: another process runs it,
+    as rapid train's launcher does)."""
 
 
 @dataclass

@@ -44,6 +44,16 @@ def validate(cfg: Config) -> list[str]:
     _positive(e, "rollout.max_backlog_mb", r.max_backlog_mb)
     _positive(e, "rollout.torch_threads", r.torch_threads)
     _positive(e, "rollout.linger_s", r.linger_s, allow_zero=True)
+    if r.inference not in ("local", "node", "auto"):
+        e.append(f"rollout.inference must be 'local', 'node' or 'auto' (got {r.inference!r})")
+    _positive(e, "rollout.inference_lanes", r.inference_lanes)
+    if r.inference != "local" and r.inference_lanes > 0 and cfg.env.num_games % r.inference_lanes:
+        e.append(f"env.num_games ({cfg.env.num_games}) must split into rollout.inference_lanes "
+                 f"({r.inference_lanes}) equal groups")
+    _positive(e, "rollout.inference_max_batch", r.inference_max_batch)
+    _positive(e, "rollout.inference_max_wait_ms", r.inference_max_wait_ms, allow_zero=True)
+    if r.inference_device not in ("auto", "cpu", "cuda"):
+        e.append(f"rollout.inference_device must be 'auto', 'cpu' or 'cuda' (got {r.inference_device!r})")
     o = cfg.optimizer
     _positive(e, "optimizer.batch_samples", o.batch_samples)
     _positive(e, "optimizer.microbatch_samples", o.microbatch_samples, allow_zero=True)

@@ -64,11 +64,14 @@ class LeagueOpponents:
     (``benchmarks/bench_opponents.py``). Policies are built once per slate and kept while drawn again.
     """
 
-    def __init__(self, league: League, cfg: Config, env: VecMultiAgentEnv, make_policy: Callable[[], Policy],
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, league: League, cfg: Config, env: VecMultiAgentEnv,
+                 make_policy: Callable[[], Policy] | None = None, clock: Callable[[], float] = time.monotonic,
+                 remote: Callable[[str], None] | None = None):
+        """``make_policy`` builds a past policy to play on this core; ``remote`` instead has the node's inference
+        server load it by id (``NodeClient.load_opponent``), which raises what a failed load raises."""
         self.slate_size = cfg.league.slate_size
         self.sampler = OpponentSampler(league, cfg.league, cache_size=self.slate_size)
-        self.env, self.make_policy, self.clock = env, make_policy, clock
+        self.env, self.make_policy, self.clock, self.remote = env, make_policy, clock, remote
         self._latest = Opponent(LATEST)
         self._bots: dict[str, Opponent] = {}
         self._slate: list[Opponent] = []
@@ -116,6 +119,11 @@ class LeagueOpponents:
     def _build(self, member_id: str, kind: str) -> Opponent:
         if kind == "bot":
             return Opponent(member_id, bot=self.env.make_bot(member_id.removeprefix("bot:"), seed=len(self._bots)))
+        if self.remote is not None:
+            self.remote(member_id)
+            return Opponent(member_id)
+        if self.make_policy is None:
+            raise ValueError("no way to play a past policy: neither make_policy nor remote given")
         policy = self.make_policy()
         policy.load_tensors(self.sampler.load_params(member_id).tensors)
         policy.eval()

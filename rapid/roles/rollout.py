@@ -6,6 +6,7 @@ Rollout workers use no collectives: one dying or joining late disturbs nobody. T
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import threading
@@ -17,6 +18,9 @@ import torch
 from rapid.config import Config
 from rapid.envs.registry import make_env
 from rapid.errors import FormatError
+from rapid.inference import inference_mode
+from rapid.inference_client import LOG_NAME, NodeClient, ServerVersions, node_folder, spawn_server
+from rapid.inference_wire import SlotLayout
 from rapid.infra.distributed import Identity
 from rapid.infra.store import BadObject, KeyNotFound, StoreError
 from rapid.league import League
@@ -27,13 +31,15 @@ from rapid.param_store import ParameterStore
 from rapid.roles.rollout_loop import RolloutLoop
 from rapid.roles.startup import StopFlag, build_policy, open_run_store, setup_logging, start_metrics
 from rapid.roles.steps import drive
-from rapid.rollout_worker import RolloutSettings, RolloutWorker
+from rapid.rollout_worker import Lanes, RolloutSettings, RolloutWorker
 from rapid.run_watch import RunWatch, quiet_s
 from rapid.store_map import read_run
 from rapid.uploader import Uploader
 
+LANE_SEED_STEP = 1_000_003
 
-def _run_layout(store, stop: StopFlag, log) -> tuple[int, str | None] | None:
+
+def run_layout(store, stop: StopFlag, log) -> tuple[int, str | None] | None:
     """The run's shard count and id (``layout.json``, written by the optimizer before its first version); None
     if stopped first. A run of an older rapid has no layout once it has versions: one shard, no id."""
     started, warned = time.monotonic(), False
@@ -64,41 +70,72 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
     torch.manual_seed(seed)
     metrics = start_metrics(RolloutMetrics, cfg, rank, local_rank)
     store = open_run_store(cfg, metrics)
-    layout = _run_layout(store, stop, log)
+    layout = run_layout(store, stop, log)
     if layout is None:
         return 0
     shards, run_id = layout
     # Versions, snapshots and the pool are read through the node's cache: one fetch per node, not per process.
     reads = rollout_store(store, cfg.derive().run_dir, run_id, cfg.rollout.node_cache_dir, cfg.rollout.param_poll_s,
                           cfg.league.refresh_s)
-    params = ParameterStore(reads)
-    env = make_env(cfg.env.name, num_games=cfg.env.num_games, seed=seed, options=cfg.env.options)
-    policy = build_policy(cfg, env.spec)
-    opponents = LeagueOpponents(League(reads), cfg, env, lambda: build_policy(cfg, env.spec))
-    worker = RolloutWorker(env, policy, RolloutSettings.of(cfg, env.spec), opponents, seed=seed)
-
-    poller = ParamPoller(params, cfg.rollout.param_poll_s, log, on_failure=metrics.param_refresh_failed)
+    mode = inference_mode(cfg.rollout.inference, torch.cuda.is_available())
+    client = None
+    if mode == "local":
+        env = make_env(cfg.env.name, num_games=cfg.env.num_games, seed=seed, options=cfg.env.options)
+        policy = build_policy(cfg, env.spec)
+        opponents = LeagueOpponents(League(reads), cfg, env, lambda: build_policy(cfg, env.spec))
+        worker: RolloutWorker | Lanes = RolloutWorker(env, policy, RolloutSettings.of(cfg, env.spec), opponents,
+                                                      seed=seed)
+        poller: ParamPoller | ServerVersions = ParamPoller(ParameterStore(reads), cfg.rollout.param_poll_s, log,
+                                                           on_failure=metrics.param_refresh_failed)
+        envs = [env]
+    else:  # the node's server runs the policies and reads the parameters: the worker steps its lanes' games
+        envs, client, worker = _lanes(cfg, seed, reads, run_id)
+        poller = ServerVersions(client)
+    spec = envs[0].spec
     # Finished games travel inside the experience objects: the optimizer ranks tally them for the league.
     uploader = Uploader(store, worker_id, cfg.rollout.upload_interval_s, cfg.rollout.max_backlog,
                         shards=shards, max_backlog_bytes=cfg.rollout.max_backlog_mb << 20,
                         on_upload=metrics.samples_uploaded, on_failure=metrics.upload_failed,
                         on_drop=metrics.backlog_dropped)
     loop = RolloutLoop(worker, uploader, poller, RunWatch(store, quiet_s=quiet_s(cfg)), metrics,
-                       env.spec.num_agents, cfg.rollout.linger_s, stop, log)
+                       spec.num_agents, cfg.rollout.linger_s, stop, log)
     poller.start()
     uploader.start()
-    log.info("worker %s started: %d games of %s, store %s", worker_id, env.num_games, cfg.env.name,
-             store.describe())
+    log.info("worker %s started: %d games of %s, %s inference, store %s", worker_id, cfg.env.num_games,
+             cfg.env.name, mode, store.describe())
     try:
         return drive(loop.run(), wait=stop.wait)
     finally:
         poller.stop()
         uploader.stop()
-        env.close()
+        for env in envs:
+            env.close()
+        if client is not None:
+            client.close()
         metrics.close()
         s = uploader.stats
         log.info("worker %s stopped: %d objects, %d samples uploaded, %d dropped, %d failures; it played v%s",
                  worker_id, s.objects, s.samples, s.dropped_samples, s.failures, loop.version)
+
+
+def _lanes(cfg: Config, seed: int, reads, run_id: str | None):
+    """A worker under node inference: its games in ``rollout.inference_lanes`` lanes with an env each, every lane
+    deciding through the node's server (started by this worker if none answers)."""
+    lanes = cfg.rollout.inference_lanes
+    folder = node_folder(cfg, run_id)
+    envs = [make_env(cfg.env.name, num_games=cfg.env.num_games // lanes, seed=seed + LANE_SEED_STEP * i,
+                     options=cfg.env.options) for i in range(lanes)]
+    spec = envs[0].spec
+    policy = build_policy(cfg, spec)
+    layout = SlotLayout(lanes, envs[0].num_games * spec.num_agents, spec.obs_dim, spec.mask_dim,
+                        len(spec.action_heads), cfg.model.lstm)
+    spawn = functools.partial(spawn_server, cfg, folder) if cfg.rollout.inference_spawn else None
+    client = NodeClient(str(folder), layout, spawn=spawn, log_path=str(folder / LOG_NAME))
+    settings = RolloutSettings.of(cfg, spec)
+    workers = [RolloutWorker(env, policy, settings,
+                             LeagueOpponents(League(reads), cfg, env, remote=client.load_opponent),
+                             seed=seed + LANE_SEED_STEP * i, inference=client.lane(i)) for i, env in enumerate(envs)]
+    return envs, client, Lanes(workers)
 
 
 class ParamPoller:

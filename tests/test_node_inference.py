@@ -1,0 +1,238 @@
+"""Node inference (issue 32): the server's answers equal a worker's own (fp32 on CPU), over game resets and a
+parameter swap, for the same seeds; a lost server restarts the games; a worker that leaves frees its rows; a server
+that cannot start is said in one line. The server runs in a thread on a real UNIX socket and shared memory."""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from rapid.config import Config, EnvConfig, ModelConfig, RolloutConfig
+from rapid.envs.registry import make_env
+from rapid.inference import ActResult, LocalInference, inference_mode
+from rapid.inference_client import InferenceUnavailable, NodeClient, ServerVersions
+from rapid.inference_server import InferenceServer
+from rapid.inference_wire import SlotLayout, socket_address
+from rapid.roles.startup import StopFlag, build_policy
+from rapid.rollout_worker import Lanes, RolloutSettings, RolloutWorker
+
+C4 = "pettingzoo.classic.connect_four_v3"
+
+
+class QueuedParams:
+    """A parameter source the test feeds: ``take`` hands over what was put."""
+
+    def __init__(self):
+        self.ready: queue.Queue = queue.Queue()
+
+    def take(self):
+        try:
+            return self.ready.get_nowait()
+        except queue.Empty:
+            return None
+
+    def behind_s(self) -> float:
+        return 0.0
+
+    def reject(self, version, in_use, why) -> None:
+        raise AssertionError(why)
+
+
+class Recording:
+    """An Inference that keeps every answer of the one it wraps."""
+
+    def __init__(self, inner):
+        self.inner, self.answers = inner, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def result(self) -> ActResult:
+        answer = self.inner.result()
+        self.answers.append(answer)
+        return answer
+
+
+class ServerThread:
+    def __init__(self, cfg: Config, folder, spec, max_wait_s: float = 0.001):
+        self.params = QueuedParams()
+        self.server = InferenceServer(lambda: build_policy(cfg, spec), torch.device("cpu"), self.params,
+                                      lambda member: {}, max_batch=4096, max_wait_s=max_wait_s, idle_s=0)
+        self.stop = StopFlag(install_signals=False)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        address = socket_address(str(folder))
+        if os.path.exists(address):  # a stopped server's, as the server role clears it
+            os.unlink(address)
+        self.listener.bind(address)
+        self.listener.listen(16)
+        self.thread = threading.Thread(target=self.server.serve, args=(self.listener, self.stop), daemon=True)
+        self.thread.start()
+
+    def publish(self, version: int, tensors) -> None:
+        self.params.ready.put((version, tensors, {}))
+        deadline = time.monotonic() + 10
+        while self.server.version != version:
+            assert time.monotonic() < deadline, "the server did not take the new version"
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self.stop.set("test")
+        self.thread.join(10)
+        self.listener.close()
+
+
+def _cfg(env: str, games: int, options: dict) -> Config:
+    return Config(env=EnvConfig(name=env, num_games=games, options=options), model=ModelConfig(hidden=32, lstm=16),
+                  rollout=RolloutConfig(bptt=4, samples_per_segment=2))
+
+
+def _pair(cfg: Config, folder, seed: int = 3):
+    """The same worker twice: one deciding on its own core, one through the node's server."""
+    env_a = make_env(cfg.env.name, num_games=cfg.env.num_games, seed=seed, options=cfg.env.options)
+    env_b = make_env(cfg.env.name, num_games=cfg.env.num_games, seed=seed, options=cfg.env.options)
+    spec = env_a.spec
+    policy = build_policy(cfg, spec)
+    settings = RolloutSettings.of(cfg, spec)
+    local = Recording(LocalInference(build_policy(cfg, spec), env_a.num_games * spec.num_agents))
+    server = ServerThread(cfg, folder, spec)
+    layout = SlotLayout(1, env_b.num_games * spec.num_agents, spec.obs_dim, spec.mask_dim, len(spec.action_heads),
+                        cfg.model.lstm)
+    client = NodeClient(str(folder), layout, start_timeout_s=5)
+    node = Recording(client.lane(0))
+    a = RolloutWorker(env_a, build_policy(cfg, spec), settings, seed=seed, inference=local)
+    b = RolloutWorker(env_b, build_policy(cfg, spec), settings, seed=seed, inference=node)
+    return policy, (a, local), (b, node), server, client
+
+
+@pytest.mark.parametrize("env,games,options", [("moba", 2, {"heroes_per_side": 5, "lanes": 3, "max_seconds": 20.0}),
+                                               (C4, 8, {})])
+def test_the_servers_answers_equal_a_workers_own_over_resets_and_a_swap(tmp_path, env, games, options):
+    cfg = _cfg(env, games, options)
+    policy, (a, local), (b, node), server, client = _pair(cfg, tmp_path)
+    try:
+        first = policy.tensors()
+        server.publish(1, first)
+        a.set_params(1, first)
+        b.set_params(1, first)
+        resets = 0
+        for t in range(100):
+            if t == 50:  # a parameter swap mid-game: new weights for the latest policy everywhere
+                torch.manual_seed(9)
+                swapped = build_policy(cfg, a.env.spec).tensors()
+                server.publish(2, swapped)
+                a.set_params(2, swapped)
+            for w in (a, b):
+                w.begin_step()
+                w.finish_step()
+            resets += int(b.step_result.done.sum())
+        assert len(local.answers) == len(node.answers) == 100
+        assert resets > 0, "no game ended: the test would not cross a reset"
+        for i, (x, y) in enumerate(zip(local.answers, node.answers)):
+            assert np.array_equal(x.actions, y.actions), f"step {i}: different actions"
+            np.testing.assert_allclose(x.logp, y.logp, atol=1e-5, err_msg=f"step {i}")
+            np.testing.assert_allclose(x.value, y.value, atol=1e-5, rtol=1e-5, err_msg=f"step {i}")
+            np.testing.assert_allclose(x.h_before, y.h_before, atol=1e-5, err_msg=f"step {i}")
+            assert x.version == y.version == (1 if i < 50 else 2)
+    finally:
+        client.close()
+        server.close()
+
+
+def test_lanes_step_every_game_and_the_server_batches_them(tmp_path):
+    cfg = _cfg(C4, 8, {})
+    spec = make_env(C4, num_games=1).spec
+    server = ServerThread(cfg, tmp_path, spec, max_wait_s=0.05)
+    layout = SlotLayout(2, 4 * spec.num_agents, spec.obs_dim, spec.mask_dim, 1, cfg.model.lstm)
+    client = NodeClient(str(tmp_path), layout, start_timeout_s=5)
+    try:
+        server.publish(4, build_policy(cfg, spec).tensors())
+        settings = RolloutSettings.of(cfg, spec)
+        lanes = Lanes([RolloutWorker(make_env(C4, num_games=4, seed=i), build_policy(cfg, spec), settings,
+                                     seed=i, inference=client.lane(i)) for i in range(2)])
+        versions = ServerVersions(client)
+        assert versions.take()[0] == 4
+        segments = [lanes.collect() for _ in range(4)]  # a turn-based agent decides every other step
+        versions = np.concatenate([s.arrays["version"] for s in segments])
+        assert len(versions) and set(versions.tolist()) == {4}
+        assert segments[0].env_steps == 2 * settings.segment_steps * 4 * spec.num_agents
+        s = server.server.stats.summary()
+        # Both lanes' requests were waiting together at least sometimes: batches larger than one lane's rows.
+        assert s["batches"] < 4 * 2 * settings.segment_steps
+    finally:
+        client.close()
+        server.close()
+
+
+def test_a_lost_server_restarts_the_games_and_no_sample_mixes_versions(tmp_path):
+    cfg = _cfg(C4, 4, {})
+    spec = make_env(C4, num_games=1).spec
+    server = ServerThread(cfg, tmp_path, spec)
+    layout = SlotLayout(1, 4 * spec.num_agents, spec.obs_dim, spec.mask_dim, 1, cfg.model.lstm)
+    client = NodeClient(str(tmp_path), layout, start_timeout_s=10)
+    worker = RolloutWorker(make_env(C4, num_games=4, seed=0), build_policy(cfg, spec),
+                           RolloutSettings.of(cfg, spec), seed=0, inference=client.lane(0))
+    try:
+        server.publish(1, build_policy(cfg, spec).tensors())
+        worker.collect()
+        server.close()  # the server goes with the worker's games' states; a new one starts
+        replacement = ServerThread(cfg, tmp_path, spec)
+        replacement.publish(7, build_policy(cfg, spec).tensors())
+        worker.begin_step()  # sent on the old connection: no answer comes
+        worker.finish_step()
+        assert worker.restarts == 1
+        segments = [worker.collect() for _ in range(3)]
+        versions = np.concatenate([s.arrays["version"] for s in segments])
+        assert len(versions) and set(versions.tolist()) == {7}
+        replacement.close()
+    finally:
+        client.close()
+
+
+def test_a_worker_that_leaves_frees_its_rows(tmp_path):
+    cfg = _cfg(C4, 4, {})
+    spec = make_env(C4, num_games=1).spec
+    server = ServerThread(cfg, tmp_path, spec)
+    layout = SlotLayout(1, 8, spec.obs_dim, spec.mask_dim, 1, cfg.model.lstm)
+    try:
+        first = NodeClient(str(tmp_path), layout, start_timeout_s=5)
+        first.status()
+        first.close()  # as a killed worker's socket closes
+        deadline = time.monotonic() + 5
+        while server.server.workers:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        second = NodeClient(str(tmp_path), layout, start_timeout_s=5)
+        second.status()
+        assert server.server.h.shape[0] == 8, "the second worker did not reuse the first one's rows"
+        second.close()
+    finally:
+        server.close()
+
+
+def test_a_server_that_cannot_start_is_said_in_one_line(tmp_path):
+    log = tmp_path / "inference.log"
+
+    def spawn():
+        with open(log, "ab") as out:
+            return subprocess.Popen([sys.executable, "-c", "print('rapid: no CUDA device on this node'); exit(2)"],
+                                    stdout=out, stderr=subprocess.STDOUT)
+
+    client = NodeClient(str(tmp_path), SlotLayout(1, 2, 3, 2, 1, 4), spawn=spawn, start_timeout_s=20,
+                        log_path=str(log))
+    with pytest.raises(InferenceUnavailable, match="could not start: rapid: no CUDA device on this node"):
+        client.ensure()
+
+
+def test_auto_inference_is_node_where_a_gpu_is_visible():
+    assert inference_mode("auto", cuda_available=True) == "node"
+    assert inference_mode("auto", cuda_available=False) == "local"
+    assert inference_mode("local", cuda_available=True) == "local"
