@@ -300,12 +300,15 @@ class Policy(nn.Module):
             carry = split.carry.unsqueeze(-1)
             out, _ = self._lstm(rows, (h0[split.row] * carry).unsqueeze(0), (c0[split.row] * carry).unsqueeze(0))
             hidden = out.reshape(-1, out.shape[-1])[split.scatter]
-        hidden = hidden.reshape(S * T, -1)
-        heads = self._log_probs(hidden, mask.reshape(S * T, -1))
-        flat_actions = actions.reshape(S * T, -1)
-        logp = _summed(lp.gather(-1, flat_actions[:, i:i + 1]).squeeze(-1) for i, lp in enumerate(heads))
-        entropy = _summed(-(lp.exp() * lp).sum(-1) for lp in heads)
-        value = self.value_head(hidden).squeeze(-1).float()
+        # The heads in float32 outside autocast, as the LSTM and as the workers act: under bf16 the logits'
+        # rounding alone would put the PPO ratio of fresh data up to ~1e-2 away from 1.
+        with torch.autocast(hidden.device.type, enabled=False):
+            hidden = hidden.reshape(S * T, -1).float()
+            heads = self._log_probs(hidden, mask.reshape(S * T, -1))
+            flat_actions = actions.reshape(S * T, -1)
+            logp = _summed(lp.gather(-1, flat_actions[:, i:i + 1]).squeeze(-1) for i, lp in enumerate(heads))
+            entropy = _summed(-(lp.exp() * lp).sum(-1) for lp in heads)
+            value = self.value_head(hidden).squeeze(-1)
         return logp.reshape(S, T), entropy.reshape(S, T), value.reshape(S, T)
 
     # --- parameters as plain arrays (the params format carries numpy, never pickle) -------------
