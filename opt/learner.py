@@ -6,6 +6,7 @@ none of them.
 
 Usage::
 
+    >>> import numpy as np
     >>> from rapid.config import Config, ModelConfig, RolloutConfig
     >>> from rapid.envs.registry import make_env
     >>> from rapid.roles.startup import build_policy
@@ -19,7 +20,9 @@ Usage::
     >>> stats = learner.update(batch)     # with MPI: all_reduce=ctx.all_reduce_gradients, all_reduce_mean=…
     >>> stats["skipped"], learner.updates, sorted(k for k in stats if k.endswith("loss"))
     (0.0, 1, ['policy_loss', 'value_loss'])
-    >>> staged = learner.stage(batch)     # optional: on the device ahead of time; update(staged) as above
+    >>> learner.prefetch(lambda: batch)   # the next update draws and stages the one after it meanwhile
+    >>> learner.update(batch)["skipped"]  # (CUDA: packed into pinned memory, copied on a side stream)
+    0.0
     >>> batch["advantages"][:] = np.nan
     >>> learner.update(batch)["skipped"], learner.skipped   # non-finite loss, gradients or statistics: nothing applied
     (1.0, 1)
@@ -30,9 +33,11 @@ and equal to one process training on the union of the batches.
 
 One update costs three collectives and one wait of the host for the device: the advantage and return sums
 (before the losses), the gradients together with the observation sums and a "this rank's losses were not
-finite" flag (after the backward passes), and the figures read back at the end. With ``microbatch_samples``
-only one chunk of the observations is on the device at a time (staged chunk by chunk, statistics summed chunk
-by chunk), so the peak memory follows the chunk, not the batch.
+finite" flag (after the backward passes), and the figures read back at the end. The batch reaches the device
+through :mod:`rapid.opt.pipeline` (on CUDA: pinned memory, a side stream, one copy per chunk, the next batch
+staged while this one trains). With ``microbatch_samples`` at most two chunks of the batch (the one training
+and the next, being copied) and the next batch's first are on the device at once, and the statistics are summed
+chunk by chunk, so the peak memory follows the chunk, not the batch.
 
 The losses are computed with the normalizers the data was collected with; the normalizers move only
 afterwards, with the same update (so fresh data has a PPO ratio of exactly 1).
@@ -41,18 +46,16 @@ afterwards, with the same update (so fresh data has a PPO ratio of exactly 1).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from rapid.opt import losses
 from rapid.opt.config import PPOConfig
-from rapid.opt.model import Policy, ResetFreeRuns
+from rapid.opt.model import Policy
+from rapid.opt.pipeline import Batch, Copier, PhaseClock, Pipeline, Staged, copy_async, stages_ahead
 
-WHOLE = ("advantages", "returns", "active", "own")  # needed whole before the losses: [S, T, A] each
-CHUNKED = ("obs", "mask", "actions", "logp", "values", "first", "h0", "c0")  # staged one microbatch at a time
-STAGED = WHOLE + CHUNKED
 DIAGNOSTICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
 
 
@@ -82,6 +85,12 @@ def allow_tf32(allowed: bool) -> None:
     torch.backends.cudnn.allow_tf32 = allowed
 
 
+def fused_adam(device: torch.device) -> bool:
+    """Whether Adam runs as one fused kernel: on CUDA (every parameter is float32 there). On the CPU torch's
+    fused Adam gains nothing over its per-parameter loop on a 2-core box, and this keeps the CPU path as it was."""
+    return device.type == "cuda"
+
+
 def indexed(device: torch.device | str) -> torch.device:
     """``device`` with its index: ``cuda`` is ``cuda:<current device>``. Tensors always carry their index and
     ``torch.device("cuda") != torch.device("cuda:0")``, so an index-less learner device would take its own
@@ -93,47 +102,37 @@ def indexed(device: torch.device | str) -> torch.device:
     return device
 
 
-class PhaseClock:
-    """Phase durations of one update. CUDA kernels launch asynchronously, so a host clock would read launch
-    times there (forward and backward ~0, the GPU time landing wherever the host next waits): on CUDA the marks
-    are events on the stream, read after the update's last sync. On the CPU they are ``perf_counter`` readings."""
+PHASES = ("forward", "backward", "allreduce", "step")
 
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self._times: list[float] = []
-        self._events: list[torch.cuda.Event] = []
 
-    def mark(self) -> int:
-        """The mark's number, for :meth:`seconds`."""
-        if not self.cuda:
-            self._times.append(time.perf_counter())
-            return len(self._times) - 1
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        self._events.append(event)
-        return len(self._events) - 1
+@dataclass
+class _Queued:
+    """An update queued on the device up to its read: the figures to read (the skip decision first), the moved
+    normalizers to apply if it is not skipped, and its clock's spans."""
 
-    def seconds(self, spans: list[tuple[int, int]]) -> float:
-        """The summed durations of ``spans`` (pairs of marks)."""
-        if not self.cuda:
-            return sum(self._times[b] - self._times[a] for a, b in spans)
-        self._events[spans[-1][1]].synchronize()  # elapsed_time needs completed events; free after the update's sync
-        # elapsed_time is in milliseconds
-        return sum(self._events[a].elapsed_time(self._events[b]) for a, b in spans) / 1000.0
+    figures: torch.Tensor
+    new_norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    new_scale: torch.Tensor
+    clock: PhaseClock
+    spans: dict[str, list[tuple[int, int]]]
+    step_from: int
+    """The mark the step phase (gradient norm, checks, the read, Adam) starts at."""
 
 
 class Learner:
     """``microbatch_samples``: gradient accumulation chunk (0: the whole batch at once); the gradient is the
-    same either way. ``bf16``: forward and backward under bfloat16 autocast, on CUDA or CPU (faster where the
-    device has bfloat16 units: :func:`bf16_native`; the log-probs then agree with the workers' to about 1e-2
-    instead of 1e-5). ``all_reduce(params, extra)`` replaces the gradients and the ``extra`` tensors by their
-    means over ranks, ``all_reduce_mean(tensor)`` one tensor, in place; ``world_size`` is the number of ranks."""
+    same either way. ``bf16``: the encoder's forward and backward under bfloat16 autocast, on CUDA or CPU (faster
+    where the device has bfloat16 units: :func:`bf16_native`; the LSTM and the heads stay float32, so fresh data
+    still has a PPO ratio of 1 up to the encoder's rounding). ``all_reduce(params, extra)`` replaces the
+    gradients and the ``extra`` tensors by their means over ranks, ``all_reduce_mean(tensor)`` one tensor, in
+    place; ``world_size`` is the number of ranks. ``staging`` (default :func:`rapid.opt.pipeline.stages_ahead`)
+    and ``copier`` are the input pipeline's (:mod:`rapid.opt.pipeline`); tests force and count them."""
 
     def __init__(self, policy: Policy, ppo: PPOConfig, device: torch.device | str = "cpu",
                  microbatch_samples: int = 0, bf16: bool = False,
                  all_reduce: Callable[..., None] | None = None,
                  all_reduce_mean: Callable[[torch.Tensor], None] | None = None,
-                 world_size: int = 1):
+                 world_size: int = 1, staging: bool | None = None, copier: Copier = copy_async):
         self.device = indexed(device)
         self.policy = policy.to(self.device)
         self.ppo = ppo
@@ -143,39 +142,79 @@ class Learner:
         self.all_reduce_mean = all_reduce_mean
         self.world_size = world_size
         self.params = [p for p in policy.parameters() if p.requires_grad]
-        self.adam = torch.optim.Adam(self.params, lr=ppo.lr, betas=(ppo.adam_beta1, ppo.adam_beta2), eps=ppo.adam_eps)
+        self.adam = torch.optim.Adam(self.params, lr=ppo.lr, betas=(ppo.adam_beta1, ppo.adam_beta2), eps=ppo.adam_eps,
+                                     fused=fused_adam(self.device))
+        self.pipeline = Pipeline(self.device, stages_ahead(self.device) if staging is None else staging, copier)
         self.updates = 0
         self.skipped = 0
+        self._draw: Callable[[], Batch | None] | None = None
+        self._ahead: tuple[Batch, Staged] | None = None
+        """The batch the loop drew during the last update and its staged copy."""
+        self._last_phases: tuple[PhaseClock, dict[str, list[tuple[int, int]]]] | None = None
+        """The last update's clock, read at the next update's one wait (CUDA)."""
 
     def schedule(self, progress: float) -> tuple[float, float]:
-        """(learning rate, entropy bonus) when ``progress`` (0 to 1) of the run's budget is done; the learning
+        """(learning rate, entropy bonus) when ``progress`` (0 to 1 of the run's budget) is done; the learning
         rate is 0 before update ``ppo.settle_until_update`` (Adam's moments settle, the weights stay)."""
         s = self.ppo
         lr = 0.0 if self.updates < s.settle_until_update else losses.linear_schedule(s.lr, s.lr_final, progress)
         return lr, losses.linear_schedule(s.entropy_coef, s.entropy_final, progress)
 
-    def stage(self, batch: Mapping[str, np.ndarray | torch.Tensor], part: slice = slice(None),
-              keys: tuple[str, ...] = STAGED) -> dict[str, torch.Tensor]:
-        """Rows ``part`` of the batch on the learner's device, copied once (from pinned memory, asynchronously,
-        on CUDA). ``update`` takes the result as it takes numpy arrays, so a loop can stage the next batch
-        while the current one trains."""
-        out = {}
-        for key in keys:
-            t = torch.as_tensor(batch[key])[part]
-            if t.device != self.device:
-                # Only host memory can be pinned (pin_memory raises on a GPU tensor, e.g. one from another GPU).
-                pin = self.device.type == "cuda" and t.device.type == "cpu" and not t.is_pinned()
-                t = (t.pin_memory() if pin else t).to(self.device, non_blocking=self.device.type == "cuda")
-            out[key] = t
-        return out
+    def stage(self, batch: Batch) -> Staged:
+        """The batch on its way to the learner's device (on CUDA: packed into pinned memory, copied on a side
+        stream; :mod:`rapid.opt.pipeline`). ``update`` takes the result as it takes numpy arrays."""
+        return self.pipeline.stage(batch, self.microbatch_samples)
 
-    def update(self, batch: Mapping[str, np.ndarray | torch.Tensor], progress: float = 0.0) -> dict[str, float]:
+    def prefetch(self, draw: Callable[[], Batch | None]) -> None:
+        """``draw()`` is called once during the next update, after its kernels are queued and before its one
+        read; the batch it returns is staged meanwhile, and an update handed that very batch uses the staged copy."""
+        self._draw = draw
+
+    def update(self, batch: Batch | Staged, progress: float = 0.0) -> dict[str, float]:
         """One step on ``batch``; ``progress`` (the share of the run's budget done) sets the learning rate and
         the entropy bonus."""
-        s = self.ppo
         t0 = time.perf_counter()
+        if isinstance(batch, Staged):
+            staged = batch
+        elif self._ahead is not None and self._ahead[0] is batch:
+            staged = self._ahead[1]
+        else:
+            staged = self.stage(batch)
+        self._ahead = None
+        lr, ent_coef = self.schedule(progress)
+        queued = self._queue(staged, lr, ent_coef)
+        draw, self._draw = self._draw, None
+        if draw is not None:  # the host draws and packs the next batch while the device trains this one
+            ahead = draw()
+            self._ahead = None if ahead is None else (ahead, self.stage(ahead))
+        # The update's one wait for the device: the decision and every figure in one read.
+        figures = queued.figures.tolist()
+        finite = figures[0] == 1.0
+        if finite:
+            self.adam.step()
+            self._move_normalizers(queued.new_norm, queued.new_scale)
+            self.updates += 1
+        else:
+            self.skipped += 1
+        self.adam.zero_grad(set_to_none=True)
+        queued.spans["step"].append((queued.step_from, queued.clock.mark()))
+        stats = dict(zip((*DIAGNOSTICS, "grad_norm", "explained_variance"), figures[1:]))
+        return {**stats, "entropy_coef": ent_coef, "lr": lr, "skipped": float(not finite),
+                "update_s": time.perf_counter() - t0, **self._phase_seconds(queued.clock, queued.spans)}
+
+    def _phase_seconds(self, clock: PhaseClock, spans: dict[str, list[tuple[int, int]]]) -> dict[str, float]:
+        """The phase durations: this update's on the CPU; on CUDA the last update's, whose events this update's
+        read has passed (so reading them waits for nothing; the first update reports zeros)."""
+        if clock.cuda:
+            (clock, spans), self._last_phases = self._last_phases or (clock, {}), (clock, spans)
+        return {f"{name}_s": clock.seconds(spans.get(name, [])) for name in PHASES}
+
+    def _queue(self, staged: Staged, lr: float, ent_coef: float) -> _Queued:
+        """Everything of the update up to its one read, queued on the device: losses, backward passes, the
+        collectives, the gradient norm and the checks."""
+        s = self.ppo
         policy, norm = self.policy, self.policy.obs_norm
-        w = self.stage(batch, keys=WHOLE)  # per-step figures, a small fraction of the observations' bytes
+        w = staged.whole()  # per-step figures, a small fraction of the observations' bytes
         active = w["active"].float()
         # The value head learns every step of the learner's rows, inactive ones too (a dead hero in a parallel
         # game): GAE bootstraps through their values. Turn-based samples hold the agent's decisions only.
@@ -189,25 +228,19 @@ class Learner:
         total, own_total = adv_sums[0].float(), ret_sums[0].float()
         adv = losses.normalize_advantages(w["advantages"], active, adv_sums)
         scale = policy.return_scale.float()
-        lr, ent_coef = self.schedule(progress)
         for group in self.adam.param_groups:
             group["lr"] = lr
-        S = w["active"].shape[0]
-        chunk = self.microbatch_samples or S
-        # Where games start inside samples, read from the host's copy (if any): the device need not wait for it.
-        first = batch["first"] if isinstance(batch["first"], np.ndarray) else batch["first"].cpu().numpy()
         autocast = torch.autocast(self.device.type, torch.bfloat16, enabled=self.bf16)
         self.adam.zero_grad(set_to_none=True)
         diag = torch.zeros(len(DIAGNOSTICS), device=self.device)
         obs_sums = torch.zeros(3, norm.mean.numel(), dtype=torch.float64, device=self.device)
         values = []
         clock = PhaseClock(self.device)
-        forward, backward = [], []
-        for start in range(0, S, chunk):
-            part = slice(start, start + chunk)
+        spans: dict[str, list[tuple[int, int]]] = {name: [] for name in PHASES}
+        for j in range(staged.chunks):
+            part = slice(j * staged.chunk_rows, (j + 1) * staged.chunk_rows)
             ta = clock.mark()
-            b = self.stage(batch, part, CHUNKED)
-            runs = ResetFreeRuns.of(first[part]).to(self.device)
+            b, runs = staged.chunk(j)
             with autocast:
                 logp, entropy, value = policy.evaluate(b["obs"], b["mask"], b["actions"], b["h0"], b["c0"],
                                                        b["first"], runs)
@@ -218,8 +251,8 @@ class Learner:
             ent = losses.masked_mean(entropy, wa, total)
             tb = clock.mark()
             (pg + s.value_coef * vl - ent_coef * ent).backward()
-            forward.append((ta, tb))
-            backward.append((tb, clock.mark()))
+            spans["forward"].append((ta, tb))
+            spans["backward"].append((tb, clock.mark()))
             diag += torch.stack([pg, vl, ent, kl["approx_kl"], kl["clip_fraction"]]).detach()
             values.append(value.detach())
             # The normalizer moves after the losses, on these sums: chunk by chunk, so float64 copies of the
@@ -232,6 +265,7 @@ class Learner:
         if self.all_reduce is not None:
             self.all_reduce(self.params, extra=[local_flags])
         tb = clock.mark()
+        spans["allreduce"].append((ta, tb))
         obs_sums, nonfinite = local_flags[:-1].reshape(3, -1), local_flags[-1]
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, s.max_grad_norm)
         count, mean, m2 = losses.moments_of_sums(obs_sums, norm.mean)
@@ -244,23 +278,8 @@ class Learner:
         checks = torch.stack([grad_norm.isfinite(), nonfinite == 0, new_norm[1].float().isfinite().all(),
                               new_norm[2].float().isfinite().all(), new_scale.float().isfinite()]).all()
         ev = losses.explained_variance(torch.cat(values) * scale, w["returns"], own)
-        # The update's one wait for the device: the decision and every figure in one read.
-        figures = torch.cat([checks.float().reshape(1), diag, grad_norm.reshape(1).float(),
-                             ev.reshape(1).float()]).tolist()
-        finite = figures[0] == 1.0
-        if finite:
-            self.adam.step()
-            self._move_normalizers(new_norm, new_scale)
-            self.updates += 1
-        else:
-            self.skipped += 1
-        self.adam.zero_grad(set_to_none=True)
-        stats = dict(zip((*DIAGNOSTICS, "grad_norm", "explained_variance"), figures[1:]))
-        end = clock.mark()
-        return {**stats, "entropy_coef": ent_coef, "lr": lr, "skipped": float(not finite),
-                "update_s": time.perf_counter() - t0, "forward_s": clock.seconds(forward),
-                "backward_s": clock.seconds(backward), "allreduce_s": clock.seconds([(ta, tb)]),
-                "step_s": clock.seconds([(tb, end)])}
+        figures = torch.cat([checks.float().reshape(1), diag, grad_norm.reshape(1).float(), ev.reshape(1).float()])
+        return _Queued(figures, new_norm, new_scale, clock, spans, step_from=tb)
 
     @torch.no_grad()
     def _move_normalizers(self, new_norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor],

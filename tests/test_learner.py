@@ -244,7 +244,8 @@ def test_a_batch_staged_ahead_trains_as_the_arrays_do(device):
     a = Learner(make_policy(0, device), PPOConfig(lr=1e-3), device, microbatch_samples=4)
     b = Learner(make_policy(0, device), PPOConfig(lr=1e-3), device, microbatch_samples=4)
     staged = b.stage(batch)
-    assert {t.device.type for t in staged.values()} == {device}
+    arrays = {**staged.whole(), **staged.chunk(0)[0]}
+    assert {t.device.type for t in arrays.values()} == {device}
     sa, sb = a.update(batch), b.update(staged)
     for key in ("policy_loss", "value_loss", "entropy", "approx_kl", "grad_norm", "explained_variance"):
         assert sb[key] == pytest.approx(sa[key], rel=1e-6, abs=1e-9), key
@@ -265,18 +266,24 @@ def test_stage_keeps_a_batch_already_on_the_gpu():
     assert learner.device.index is not None
     on_gpu = {k: torch.as_tensor(v).to(learner.device) for k, v in played_batch(make_policy(), seed=3).items()}
     staged = learner.stage(on_gpu)
+    arrays = {**staged.whole(), **staged.chunk(0)[0]}
     # No copy: each staged tensor reads the very memory the caller's tensor holds (slicing makes a new view
     # object, so identity is not the property; the storage is).
-    assert all(staged[k].data_ptr() == on_gpu[k].data_ptr() and staged[k].device == on_gpu[k].device for k in staged)
+    assert all(arrays[k].data_ptr() == on_gpu[k].data_ptr() and arrays[k].device == on_gpu[k].device for k in arrays)
 
 
 @pytest.mark.cuda
 def test_phase_timings_on_cuda_measure_the_gpu():
+    """On CUDA an update reports the phases of the update before it (their events are read once this update's
+    one wait has passed them): the first reports zeros."""
     learner = Learner(make_policy(), PPOConfig(), "cuda")
     batch = played_batch(make_policy(), seed=4)
-    learner.update(batch)  # warm-up: cuDNN plans, allocator
-    stats = learner.update(batch)
+    first = learner.update(batch)  # warm-up: cuDNN plans, allocator
+    assert [first[f"{p}_s"] for p in ("forward", "backward", "allreduce", "step")] == [0.0] * 4
+    measured = learner.update(batch)
+    stats = learner.update(batch)  # holds the phases of `measured`
     phases = stats["forward_s"] + stats["backward_s"] + stats["allreduce_s"] + stats["step_s"]
     # Host clocks read launch times: forward and backward near 0 and the GPU's time in step_s.
-    assert stats["forward_s"] > 0 and stats["backward_s"] > 0
-    assert phases <= stats["update_s"] * 1.05 and stats["backward_s"] > 0.1 * stats["step_s"]
+    assert stats["forward_s"] > 0 and stats["backward_s"] > 0, stats
+    # The GPU may finish Adam's kernels after the host returned: a little slack over the host's time.
+    assert phases <= measured["update_s"] * 1.2 + 1e-3 and stats["backward_s"] > 0.1 * stats["step_s"], stats

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from rapid.opt import learner as learner_module
-from rapid.opt import losses
+from rapid.opt import losses, pipeline
 from rapid.opt.config import PPOConfig
 from rapid.opt.learner import Learner
 from tests.learner_data import make_policy, played_batch
@@ -81,40 +80,43 @@ def test_an_update_reads_the_device_once(monkeypatch, microbatch):
     assert counts["tolist"] == 1, counts
 
 
-def test_a_staged_batch_is_read_back_once_for_where_games_start(monkeypatch):
+def test_a_staged_batch_is_read_once(monkeypatch):
+    """Where games start stays in host memory with the staged batch: the update reads nothing back for it."""
     learner = Learner(make_policy(), PPOConfig(lr=1e-3))
     staged = learner.stage(played_batch(make_policy()))
     with counted_reads(monkeypatch, learner) as counts:
         learner.update(staged)
-    # .cpu() waits; .numpy() of its result is host memory already
-    assert counts["cpu"] == counts["numpy"] == counts["tolist"] == 1 and sum(counts.values()) == 3, counts
+    assert counts["tolist"] == 1 and sum(counts.values()) == 1, counts
 
 
 def test_microbatches_put_one_chunk_of_observations_on_the_device_at_a_time(monkeypatch):
-    staged_rows, summed_rows = [], []
-    stage, shifted_sums = Learner.stage, losses.shifted_sums
-
-    def recording_stage(self, batch, part=slice(None), keys=None, **kw):
-        out = stage(self, batch, part, **({"keys": keys} if keys is not None else {}), **kw)
-        if "obs" in out:
-            staged_rows.append(out["obs"].shape[0])
-        return out
+    """Each chunk's observations are staged and summed on their own (copied chunk by chunk on a GPU: at most the
+    chunk training and the next are there), and the update is the same as the whole batch's."""
+    summed_rows = []
+    shifted_sums = losses.shifted_sums
 
     def recording_sums(x, weights, shift):
         summed_rows.append(x.shape[0])
         return shifted_sums(x, weights, shift)
 
-    monkeypatch.setattr(Learner, "stage", recording_stage)
     monkeypatch.setattr(losses, "shifted_sums", recording_sums)
+    copies = []
+
+    def counting(dst, src):  # the copies a GPU would make, made on the CPU
+        copies.append(dst.numel())
+        dst.copy_(src)
+
     whole = Learner(make_policy(), PPOConfig(lr=1e-3))
-    chunked = Learner(make_policy(), PPOConfig(lr=1e-3), microbatch_samples=4)
+    chunked = Learner(make_policy(), PPOConfig(lr=1e-3), microbatch_samples=4, staging=True, copier=counting)
     batch = played_batch(make_policy(), S=12)
     whole.update(batch)
-    assert staged_rows == [12] and summed_rows == [12]
-    staged_rows.clear()
+    assert summed_rows == [12]
     summed_rows.clear()
     chunked.update(batch)
-    assert staged_rows == [4, 4, 4] and summed_rows == [4, 4, 4]
+    assert summed_rows == [4, 4, 4]
+    staged_bytes = sum(batch[k].nbytes for k in pipeline.STAGED)
+    # one copy per chunk (the first with the per-step figures), none of the whole batch
+    assert len(copies) == 3 and sum(copies) >= staged_bytes and max(copies) < staged_bytes, copies
     for a, b in zip(whole.policy.parameters(), chunked.policy.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)  # the same update either way
     torch.testing.assert_close(whole.policy.obs_norm.var, chunked.policy.obs_norm.var, rtol=1e-6, atol=1e-9)
@@ -122,7 +124,7 @@ def test_microbatches_put_one_chunk_of_observations_on_the_device_at_a_time(monk
 
 def test_staging_keeps_only_what_a_chunk_needs_besides_per_step_figures():
     batch = played_batch(make_policy(), S=12)
-    chunked = getattr(learner_module, "CHUNKED", ())
+    chunked = getattr(pipeline, "CHUNKED", ())
     per_step_bytes = sum(batch[k].nbytes for k in batch if k not in chunked)
     assert "obs" in chunked and per_step_bytes < batch["obs"].nbytes
 

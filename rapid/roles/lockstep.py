@@ -24,8 +24,11 @@ trains the batch size it says) and each rank's buffer counts (rank 0's balancer 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
+from rapid.balance import Decision
+from rapid.opt.buffer import BufferStats
 from rapid.roles.steps import AllReduce
 
 WAIT_ROUND_S = 5.0  # longest wait for a batch between two agreements of the ranks
@@ -73,6 +76,21 @@ class Agreement:
         return Verdict(merged["stop"] > 0.0, merged["publish"] > 0.0, merged["waiting"] == 0.0,
                        {k: merged[f"lead.{k}"] / merged["lead"] for k in lead_values},
                        {k: merged[f"mean.{k}"] / merged["ranks"] for k in mean_values})
+
+
+def decision_values(d: Decision) -> dict[str, float]:
+    """A decision as the agreement carries it (numbers only; the overload line stays with rank 0's log)."""
+    return {k: float(v) for k, v in asdict(d).items() if k != "message"}
+
+
+def decision_of(values: dict[str, float]) -> Decision:
+    fields: dict[str, Any] = {k: v for k, v in values.items() if k in Decision.__dataclass_fields__}
+    return Decision(**{**fields, "batch": round(values["batch"]), "overloaded": values["overloaded"] > 0.5})
+
+
+def balance_inputs(b: BufferStats) -> dict[str, float]:
+    return {"received": b.received, "consumed": b.consumed, "wasted": b.dropped_stale + b.evicted_unused,
+            "backlog": b.unused}
 
 
 def wait_round_s(collective_timeout_s: float) -> float:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from rapid.balance import Balancer, BalanceSettings, Decision, publish_due
@@ -34,11 +34,10 @@ from rapid.config import Config
 from rapid.errors import FormatError
 from rapid.infra.store import StoreError
 from rapid.league import Tally
-from rapid.opt.buffer import BufferStats
 from rapid.opt.losses import linear_schedule
 from rapid.publisher import BackgroundWriter
-from rapid.roles.lockstep import Agreement, WaitNotice
-from rapid.roles.optimizer_parts import Parts
+from rapid.roles.lockstep import Agreement, WaitNotice, balance_inputs, decision_of, decision_values
+from rapid.roles.optimizer_parts import Parts, Prefetching
 from rapid.roles.steps import AllGather, Sleep, Until
 
 MAX_FAILED_IN_ROW = 50  # a bad batch is skipped; this many in a row is a broken learner, not bad data
@@ -126,6 +125,11 @@ class OptimizerLoop:
         self.held_publish_s = 0.0
         """The longest a version waited for rank 0's writer; past a round the ranks trained and agreed meanwhile."""
         self.waiting = WaitNotice(log, parts.store.describe(), clock.monotonic())
+        self.prefetching = parts.learner if isinstance(parts.learner, Prefetching) else None
+        """The learner, where it draws the next batch during an update (the product's; not the scale model's)."""
+        self.ahead: tuple[dict, Any] | None = None
+        """The batch drawn during the last update and its staleness then: the next one to train on."""
+        self.ahead_version = version
 
     def run(self):
         """The loop, to its end: yields requests (:mod:`rapid.roles.steps`), returns the exit code."""
@@ -134,16 +138,16 @@ class OptimizerLoop:
         while True:
             # 1. sample: a batch of fresh experience, waiting at most a round (stops on request or limits)
             t_wait = t_wait or self.clock.monotonic()
-            batch = pending or (yield from self._wait_for_batch())
+            batch = pending or self._take_ahead() or (yield from self._wait_for_batch())
             self._check_limits()
             writer = self._lead_writer()
             if writer is not None and not self.stop:  # once stopping, a store failure is run_optimizer's to report
                 writer.check()  # a job that failed ends the role here, as it would at the next submit
             self._queue_held()
-            lead_values = {**_decision_values(self.decision), "pool": float(self._pool_due())}
+            lead_values = {**decision_values(self.decision), "pool": float(self._pool_due())}
             verdict = yield from self.agree.decide(bool(self.stop), self._publish_due(), batch is not None,
                                                    lead_values=lead_values,
-                                                   mean_values=_balance_inputs(p.buffer.stats()))
+                                                   mean_values=balance_inputs(p.buffer.stats()))
             self.peers_backlog = verdict.mean_values.get("backlog", 0.0)
             if verdict.leave:
                 self.stop.set("another rank stopped")  # no-op when this rank asked
@@ -161,12 +165,14 @@ class OptimizerLoop:
             arrays, staleness = batch
             wait_s, t_wait = self.clock.monotonic() - t_wait, None
             # Every rank drew this batch at self.batch; from the next draw on, all take rank 0's newest decision.
-            carried = _decision_of(verdict.lead_values)
+            carried = decision_of(verdict.lead_values)
             self.batch = carried.batch
             if not self.lead:
                 self.decision = carried
             # 2. update: one bad batch is skipped, never the end of the job
             t_update = self.clock.monotonic()
+            if self.prefetching is not None and not self._last_update():
+                self.prefetching.prefetch(self._draw_ahead)
             try:
                 stats = p.learner.update(arrays, run_progress(self.cfg, self._elapsed(), p.learner.updates))
             except Exception as e:
@@ -254,6 +260,24 @@ class OptimizerLoop:
         self.last_ckpt_updates = p.learner.updates
         return lambda: self._until_stored(f"checkpoint v{ckpt.version}",
                                           lambda: save_checkpoint(p.store, ckpt, o.keep_checkpoints))
+
+    def _draw_ahead(self) -> dict | None:
+        """The next batch, drawn while the learner trains this one (its kernels queued, before its read), never
+        waiting: None when there is none yet (the next iteration waits for one as ever). It is drawn at this
+        update's batch size and version; it is trained after this update's publish, if any, so it may be one
+        version staler than a batch drawn after it (the staleness reported is the one at training)."""
+        self.ahead = self.p.buffer.sample(self.batch, self.version, self.rng, self._draw_cap(), timeout=0.0)
+        self.ahead_version = self.version
+        return None if self.ahead is None else self.ahead[0]
+
+    def _take_ahead(self) -> tuple[dict, Any] | None:
+        """The batch drawn ahead, its staleness counted at the version now."""
+        ahead, self.ahead = self.ahead, None
+        return None if ahead is None else (ahead[0], ahead[1] + (self.version - self.ahead_version))
+
+    def _last_update(self) -> bool:
+        """No batch is drawn ahead once stopping or for the last update of the run's budget."""
+        return bool(self.stop) or bool(self.cfg.run.updates and self.p.learner.updates + 1 >= self.cfg.run.updates)
 
     def _wait_for_batch(self):
         """A batch, or None at the end of the round (or of the run), once asked to stop, or when the loader is
@@ -355,21 +379,6 @@ class OptimizerLoop:
 
     def _until_stored(self, what: str, write) -> object:
         return until_stored(what, write, self.stop, self.log, clock=self.clock)
-
-
-def _decision_values(d: Decision) -> dict[str, float]:
-    """A decision as the agreement carries it (numbers only; the overload line stays with rank 0's log)."""
-    return {k: float(v) for k, v in asdict(d).items() if k != "message"}
-
-
-def _decision_of(values: dict[str, float]) -> Decision:
-    fields: dict[str, Any] = {k: v for k, v in values.items() if k in Decision.__dataclass_fields__}
-    return Decision(**{**fields, "batch": round(values["batch"]), "overloaded": values["overloaded"] > 0.5})
-
-
-def _balance_inputs(b: BufferStats) -> dict[str, float]:
-    return {"received": b.received, "consumed": b.consumed, "wasted": b.dropped_stale + b.evicted_unused,
-            "backlog": b.unused}
 
 
 def until_stored(what: str, write, stop, log, first_wait_s: float = 1.0, max_wait_s: float = 30.0, clock=time):

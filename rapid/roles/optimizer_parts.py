@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -32,6 +32,17 @@ class LearnerPart(Protocol):
     def update(self, batch: dict[str, np.ndarray], progress: float) -> dict[str, float]:
         """One update on ``batch``; ``progress`` (0 to 1 of the run's budget) drives the schedules. The stats
         hold ``skipped`` (1.0 when this update was skipped)."""
+        ...
+
+
+@runtime_checkable
+class Prefetching(Protocol):
+    """A learner that draws its next batch during an update (:meth:`rapid.opt.learner.Learner.prefetch`): the
+    host draws and stages batch k + 1 while the device trains update k. The scale model's stand-in learner has
+    no device to stage on and is handed batches as they are drawn."""
+
+    def prefetch(self, draw: Callable[[], dict[str, np.ndarray] | None]) -> None:
+        """``draw()`` is called once during the next update; an update handed what it returned uses it staged."""
         ...
 
 
