@@ -4,6 +4,8 @@
     python benchmarks/bench_learner.py --device cpu --samples 512 --repeat 3
     python benchmarks/bench_learner.py --device cpu --models c4-bptt16 c4-bptt8 --samples 256 --threads 1
     python benchmarks/bench_learner.py --device cpu --memory --samples 1024 --microbatch 128   # peak memory
+    python benchmarks/bench_learner.py --loop            # the optimizer loop's own path, 128 … 8,192 samples
+    python benchmarks/bench_learner.py --loop --device cpu --models c4-bptt8 --sizes 16 32 --repeat 3
 
 For each model (moba 5v5 with the 256-unit encoder and LSTM configs/moba-5v5.toml had until issue 22 — a cluster's
 size; the shipped config now trains a 64-unit one on two cores —, the same with a 1,024-unit encoder and
@@ -12,6 +14,13 @@ LSTM, and on request connect four's from configs/default.toml with samples of 16
 the batch handed over as numpy arrays, as the optimizer does) and the reference: encoder + one cuDNN/ATen
 ``nn.LSTM`` call over the whole [S, T] batch + heads, forward, backward and Adam (without the convolutions of
 a board model). Prints samples/s and decisions/s of both and their ratio.
+
+``--loop`` times instead the optimizer loop's own path: the real :class:`rapid.roles.optimizer_loop.OptimizerLoop`
+(one rank, batch size fixed, nothing published) drawing from a real ``ExperienceBuffer`` filled with synthetic
+samples, so the learner draws and stages batch k + 1 while update k trains exactly as in a run, with
+``optimizer.precision`` and TF32 set as ``run_optimizer`` sets them (``precision_settings``). For each model
+and batch size (by default both models at 128, 256, 512, 1,024 and 8,192 samples: under a minute on one H100
+or H200) it prints the loop's samples/s between its first and last timed update, and the mean ``update_s``.
 
 ``--memory`` prints instead the peak memory one update allocates on the device beyond what it held before
 (weights, Adam's moments), for the whole batch at once and for ``--microbatch`` chunks: the figure
@@ -22,6 +31,7 @@ allocations torch's profiler records (the batch itself is numpy memory handed ov
 from __future__ import annotations
 
 import argparse
+import logging
 import time
 
 import numpy as np
@@ -29,8 +39,13 @@ import torch
 from torch import nn
 
 from rapid.config import load_config
-from rapid.opt.learner import Learner
-from rapid.roles.startup import build_policy, env_spec
+from rapid.league import Tally
+from rapid.opt.buffer import ExperienceBuffer
+from rapid.opt.learner import Learner, allow_tf32, precision_settings
+from rapid.roles.optimizer_loop import OptimizerLoop, Timing
+from rapid.roles.optimizer_parts import Parts
+from rapid.roles.startup import StopFlag, build_policy, env_spec
+from rapid.roles.steps import drive
 
 # name: (config, overrides, mean game length in decisions of one agent: how often a game starts in a sample)
 MODELS = {"moba-5v5": ("configs/moba-5v5.toml", ["model.hidden=256", "model.lstm=256"], 1200),
@@ -148,6 +163,79 @@ def memory(name: str, device: torch.device, samples: int, microbatch: int) -> No
               f"whole batch {obs_mb:,.1f} MiB)", flush=True)
 
 
+LOOP_SIZES = [128, 256, 512, 1024, 8192]
+
+
+class LoopReport:
+    """The loop's report part: the time of each update and its ``update_s``."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.update_s: list[float] = []
+
+    def update(self, updates, version, stats, staleness, decision, wait_s) -> None:
+        self.times.append(time.perf_counter())
+        self.update_s.append(stats["update_s"])
+
+    def version(self, version: int) -> None: ...
+
+    def skipped_nonfinite(self, total: int) -> None: ...
+
+    def update_failed(self, error: BaseException) -> None:
+        raise error
+
+    def loader_failed(self, failure: str) -> None: ...
+
+
+class NoLoader:
+    """No experience arrives: the buffer was filled before the loop started."""
+
+    failure = None
+
+    class stats:
+        objects = 0
+
+    @staticmethod
+    def take_tally() -> Tally:
+        return Tally()
+
+
+class NoStore:
+    @staticmethod
+    def describe() -> str:
+        return "no store"
+
+
+def loop_bench(name: str, device: torch.device, samples: int, repeat: int) -> tuple[float, float]:
+    """(samples/s of the loop over ``repeat`` updates after two warm-up ones, mean update_s)."""
+    path, overrides, game_steps = MODELS[name]
+    updates = repeat + 2
+    cfg = load_config(path, overrides=[*overrides, "optimizer.balance=false", f"optimizer.batch_samples={samples}",
+                                       f"optimizer.buffer_samples={2 * samples}", "optimizer.max_reuse=1e9",
+                                       "optimizer.target_reuse=1e9", f"run.updates={updates}"])
+    spec = env_spec(cfg)
+    bf16, tf32 = precision_settings(cfg.optimizer.precision, device)
+    allow_tf32(tf32)
+    learner = Learner(build_policy(cfg, spec), cfg.ppo, device, microbatch_samples=cfg.optimizer.microbatch_samples,
+                      bf16=bf16)
+    buffer = ExperienceBuffer(2 * samples, cfg.optimizer.max_staleness)
+    arrays = make_batch(spec, cfg, 2 * samples, game_steps, np.random.default_rng(0))
+    buffer.add({**arrays, "version": np.zeros(2 * samples, np.int64)})
+    report = LoopReport()
+    # Rank 1 of one (lead=False): nothing is published or checkpointed, so no writer, store or league is needed.
+    parts = Parts(learner, buffer, NoLoader(), None, None, None, report, dict, None,  # type: ignore[arg-type]
+                  NoStore())  # type: ignore[arg-type]
+    loop = OptimizerLoop(cfg, parts, Timing(round_s=5.0, sample_wait_s=0.0), StopFlag(install_signals=False),
+                         logging.getLogger("bench_learner"), lead=False, grouped=False, version=0,
+                         rng=np.random.default_rng(0))
+    if drive(loop.run()) != 0 or len(report.times) != updates:
+        raise SystemExit(f"bench_learner.py: the loop ended after {len(report.times)} of {updates} updates")
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = report.times[-1] - report.times[1]
+    return repeat * samples / seconds, float(np.mean(report.update_s[2:]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
@@ -161,6 +249,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--memory", action="store_true", help="print the peak memory of one update instead")
     parser.add_argument("--microbatch", type=int, default=256, help="chunk size compared with --memory")
+    parser.add_argument("--loop", action="store_true", help="time the optimizer loop's own path instead")
+    parser.add_argument("--sizes", type=int, nargs="+", default=LOOP_SIZES, help="batch sizes timed with --loop")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.exit(2, "bench_learner.py: --device cuda but CUDA is not available\n")
@@ -170,6 +260,14 @@ def main() -> None:
     if args.memory:
         for name in args.models:
             memory(name, device, args.samples, args.microbatch)
+        return
+    if args.loop:
+        print(f"device={device} repeat={args.repeat} threads={torch.get_num_threads()} (the optimizer loop's path)")
+        print(f"{'model':<10} {'samples':>8} {'samples/s':>10} {'update_s':>9}")
+        for name in args.models:
+            for n in args.sizes:
+                rate, update_s = loop_bench(name, device, n, args.repeat)
+                print(f"{name:<10} {n:>8,} {rate:>10,.0f} {update_s:>9.4f}", flush=True)
         return
     print(f"device={device} samples={args.samples} repeat={args.repeat} bf16={args.bf16} "
           f"threads={torch.get_num_threads()}")
