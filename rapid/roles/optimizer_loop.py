@@ -17,7 +17,9 @@ whether to leave, publish and update, and carries rank 0's balancer decision, so
 batch size; no rank waits for a batch longer than ``Timing.round_s``, so its peers never wait in a collective
 past NCCL's watchdog. Only rank 0 (``lead``) publishes and checkpoints, on its background writer, and never
 waits for it: a version that finds the writer still busy (the store slow or down, for any length of time) is
-held, and the ranks go on training and agreeing until the writer has room.
+held, and the ranks go on training and agreeing until the writer has room. A learner that stages batches
+(:class:`rapid.roles.optimizer_parts.Prefetching`, the product's) draws the next batch during each update
+(:meth:`OptimizerLoop._draw_ahead`), so on a GPU it is packed and copied while the update trains.
 """
 
 from __future__ import annotations
@@ -262,10 +264,8 @@ class OptimizerLoop:
                                           lambda: save_checkpoint(p.store, ckpt, o.keep_checkpoints))
 
     def _draw_ahead(self) -> dict | None:
-        """The next batch, drawn while the learner trains this one (its kernels queued, before its read), never
-        waiting: None when there is none yet (the next iteration waits for one as ever). It is drawn at this
-        update's batch size and version; it is trained after this update's publish, if any, so it may be one
-        version staler than a batch drawn after it (the staleness reported is the one at training)."""
+        """The next batch, drawn during this update (never waiting: None if there is none yet), at its batch size
+        and version: trained after this update's publish, it may be a version staler (reported as at training)."""
         self.ahead = self.p.buffer.sample(self.batch, self.version, self.rng, self._draw_cap(), timeout=0.0)
         self.ahead_version = self.version
         return None if self.ahead is None else self.ahead[0]
