@@ -28,6 +28,7 @@ class InferenceMetrics(RoleMetrics):
                                  "busy or waited for).")
         self._workers = self._gauge("rapid_inference_workers", "Rollout workers connected to the server.")
         self._version = self._gauge("rapid_param_version", "Parameter version in use.")
+        self._store_metrics()  # it reads parameters and snapshots from the store
         self._clock = clock
         self._window_start, self._busy_s = clock(), 0.0
 

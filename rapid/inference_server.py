@@ -148,7 +148,8 @@ class InferenceServer:
             self.params.reject(version, self.version, str(e))
             return
         self.version, self.meta = version, dict(meta or {})
-        log.info("playing v%d", version)
+        if self.metrics is not None:
+            self.metrics.param_version(version)
 
     def _accept(self, listener: socket.socket, selector) -> None:
         try:
@@ -158,6 +159,8 @@ class InferenceServer:
         sock.setblocking(True)
         self.workers[sock.fileno()] = Worker(sock)
         selector.register(sock, selectors.EVENT_READ)
+        if self.metrics is not None:
+            self.metrics.workers(len(self.workers))
 
     def _read(self, worker: Worker, selector) -> None:
         try:
@@ -243,6 +246,8 @@ class InferenceServer:
         if worker.shm is not None:
             worker.views = []
             worker.shm.close()
+        if self.metrics is not None:
+            self.metrics.workers(len(self.workers))
         log.info("a worker's slots are free (%s)", why)
 
     def _opponent(self, member_id: str) -> Policy:

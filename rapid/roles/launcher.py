@@ -28,6 +28,7 @@ from pathlib import Path
 
 from rapid.config import Config, to_toml
 from rapid.errors import UsageError
+from rapid.inference import inference_mode
 from rapid.monitoring.metrics import LauncherMetrics
 from rapid.progress import Progress, RunLogs, final_summary
 from rapid.roles.startup import StopFlag, check_run_dir, log_to_file, rollout_seed, start_metrics
@@ -138,21 +139,36 @@ def prepare_run_dir(cfg: Config, resume: bool) -> Path:
     return run_dir
 
 
+def _node_inference(cfg: Config) -> tuple[bool, Config]:
+    """Whether this machine's workers decide through a node inference server, and the workers' config: the
+    launcher runs the server itself (and restarts it if it dies), so no worker starts one."""
+    import torch
+
+    if inference_mode(cfg.rollout.inference, torch.cuda.is_available()) != "node":
+        return False, cfg
+    return True, dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, inference_spawn=False))
+
+
 def _processes(cfg: Config, run_dir: Path, resume: bool, workers: int, seed_offset: int, stop: StopFlag):
-    """The optimizer, then the rollout workers and the evaluator, as child processes."""
+    """The optimizer, then the node's inference server (node inference), the rollout workers and the evaluator,
+    as child processes."""
     config_path, logs = str(run_dir / "config.toml"), run_dir / "logs"
     optimizer = Child("optimizer", ["optimizer", "--config", config_path] + (["--resume"] if resume else []),
                       logs / "optimizer.log")
+    node, _ = _node_inference(cfg)
+    servers = [Child("inference", ["inference", "--config", config_path], logs / "inference.log")] if node else []
+    no_spawn = ["--set", "rollout.inference_spawn=false"] if node else []
     rollouts = [Child(f"rollout-{i}", ["rollout", "--config", config_path, "--worker-id", f"w{i}",
-                                       "--seed", str(rollout_seed(cfg.run.seed, f"w{i}", i) + seed_offset)],
-                      logs / f"rollout-{i}.log") for i in range(workers)]
+                                       "--seed", str(rollout_seed(cfg.run.seed, f"w{i}", i) + seed_offset),
+                                       *no_spawn], logs / f"rollout-{i}.log") for i in range(workers)]
     evaluator = [Child("evaluator", ["evaluator", "--config", config_path], logs / "evaluator.log")]
-    return optimizer, rollouts, evaluator
+    return optimizer, servers, rollouts, evaluator
 
 
 def _threads(cfg: Config, run_dir: Path, resume: bool, workers: int, seed_offset: int, stop: StopFlag):
     """The same roles as threads of this process, each running its role main with the shared stop flag."""
     from rapid.roles.evaluator import run_evaluator
+    from rapid.roles.inference import run_inference_server
     from rapid.roles.optimizer import run_optimizer
     from rapid.roles.rollout import run_rollout
 
@@ -161,11 +177,14 @@ def _threads(cfg: Config, run_dir: Path, resume: bool, workers: int, seed_offset
     # One process means one: the optimizer decodes experience inline instead of in worker processes.
     cfg = dataclasses.replace(cfg, optimizer=dataclasses.replace(cfg.optimizer, decode_workers=0))
     optimizer = ThreadRole("optimizer", lambda: run_optimizer(cfg, resume=resume, stop=stop), log, stop)
+    node, worker_cfg = _node_inference(cfg)
+    server = ThreadRole("inference", lambda: run_inference_server(cfg, stop=stop, idle_s=0), log, stop)
+    servers = [server] if node else []
     rollouts = [ThreadRole(f"rollout-{i}", functools.partial(
-        run_rollout, cfg, f"w{i}", rollout_seed(cfg.run.seed, f"w{i}", i) + seed_offset, stop=stop, rank=i), log, stop)
-        for i in range(workers)]
+        run_rollout, worker_cfg, f"w{i}", rollout_seed(cfg.run.seed, f"w{i}", i) + seed_offset, stop=stop, rank=i),
+        log, stop) for i in range(workers)]
     evaluator = [ThreadRole("evaluator", lambda: run_evaluator(cfg, stop=stop), log, stop)]
-    return optimizer, rollouts, evaluator
+    return optimizer, servers, rollouts, evaluator
 
 
 @dataclass
@@ -193,8 +212,8 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_
     stop = StopFlag()
     # A resumed run plays new games: its workers' seeds differ from the first run's.
     seed_offset = int(time.time()) if resume else 0
-    optimizer, rollouts, evaluator = (_threads if in_process else _processes)(cfg, run_dir, resume, workers,
-                                                                              seed_offset, stop)
+    optimizer, servers, rollouts, evaluator = (_threads if in_process else _processes)(cfg, run_dir, resume, workers,
+                                                                                       seed_offset, stop)
     helpers = rollouts + (evaluator if cfg.eval.interval_s > 0 else [])
     metrics = start_metrics(LauncherMetrics, cfg)
     run_logs = RunLogs(run_dir)
@@ -205,7 +224,7 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_
               "Ctrl-C stops cleanly", flush=True)
     started = time.time()
     optimizer.start()
-    for child in helpers:
+    for child in servers + helpers:
         child.start()
     reason = "optimizer exited"
     try:
@@ -221,7 +240,7 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_
             if cfg.run.target_win_rate and last_eval and last_eval["win_rate"] >= cfg.run.target_win_rate:
                 reason = f"target win rate {cfg.run.target_win_rate:g} reached by v{last_eval['version']}"
                 break
-            for child in helpers:
+            for child in servers + helpers:
                 if not child.alive() and child.returncode not in (0, None):
                     child.exit_codes.append(child.returncode)
                     child.restarts += 1
@@ -238,6 +257,9 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_
         optimizer.stop()
         for child in helpers:
             child.wait(30)
+        for server in servers:  # after the workers, which would otherwise lose it mid-step
+            server.stop()
+            server.wait(30)
         optimizer.wait(120)
         progress.close()
         metrics.close()
