@@ -18,11 +18,12 @@ import pytest
 
 from rapid.monitoring import metrics as M
 from rapid.monitoring import prom
+from rapid.monitoring.inference_metrics import InferenceMetrics
 from rapid.monitoring.report import write_report
 from tests.prometheus_server import prometheus  # noqa: F401  (fixture)
 
 MONITORING = Path(prom.__file__).resolve().parent
-ROLE_CLASSES = (M.RolloutMetrics, M.OptimizerMetrics, M.EvaluatorMetrics, M.LauncherMetrics)
+ROLE_CLASSES = (M.RolloutMetrics, M.OptimizerMetrics, M.EvaluatorMetrics, M.LauncherMetrics, InferenceMetrics)
 
 
 def promtool() -> str:
@@ -40,7 +41,7 @@ def run_promtool(*args) -> subprocess.CompletedProcess:
 
 def drive(roles: dict, n: int) -> None:
     """Fake numbers through every public method, like the roles would call them."""
-    r, o, e, l = roles["rollout"], roles["optimizer"], roles["evaluator"], roles["launcher"]
+    r, o, e, l, i = roles["rollout"], roles["optimizer"], roles["evaluator"], roles["launcher"], roles["inference"]
     r.env_steps(64), r.agent_steps(128), r.samples_uploaded(64, 50_000, 0.02), r.backlog(n % 3)
     r.episode(1.0 + n % 5, 100 + n), r.param_version(n // 2), r.params_fetch(0.01, 20_000)
     if n % 7 == 0:
@@ -58,6 +59,7 @@ def drive(roles: dict, n: int) -> None:
     l.processes_alive("rollout", 2), l.processes_alive("optimizer", 1)
     if n == 3:
         l.restart("rollout")
+    i.batch(64 + n % 5 * 100, [0.0005, 0.002 * (n % 3)], 0.001), i.workers(2 + n % 2), i.param_version(n)
 
 
 def make_roles(run: str) -> dict:
@@ -176,7 +178,7 @@ def test_dashboard_structure():
     assert variables["datasource"]["type"] == "datasource"
     assert "label_values(rapid_updates_total, run)" in json.dumps(variables["run"])
     rows = [p["title"] for p in dash["panels"] if p["type"] == "row"]
-    assert rows == ["Throughput", "Staleness and reuse", "Learning", "League", "Store", "Health"]
+    assert rows == ["Throughput", "Node inference", "Staleness and reuse", "Learning", "League", "Store", "Health"]
     defined = {n for cls in ROLE_CLASSES for n in M.metric_names(cls("d").registry)} | {"up"}
     for expr in prom.dashboard_queries(prom.DASHBOARD_PATH, "d"):
         for name in re.findall(r"\b(rapid_[a-z0-9_]+|up)\b", expr):
@@ -204,7 +206,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(prometheus): 
     driver.start()
     try:
         M.write_file_sd(targets, prometheus.targets_file, run=run)
-        prometheus.wait_for(f'count(up{{run="{run}"}} == 1) == 4')
+        prometheus.wait_for(f'count(up{{run="{run}"}} == 1) == {len(roles)}')
         missing = prom.check_dashboard_queries(prometheus.url, prom.DASHBOARD_PATH, run, timeout=20)
         assert missing == [], f"dashboard queries without data: {missing}\n{prometheus.log_tail()}"
         # ...and the check is not vacuous: another run's selection has no data anywhere.
