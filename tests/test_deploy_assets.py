@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "infra" / "deploy"
 SCRIPTS = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"])
 YAML_FILES = sorted([*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml")])
+SHM = "/dev/shm"
 _RAPID_WORD = re.compile(r"(?<![\w./-])(rapid(?:-[a-z]+)?)(?![\w./-])")
 
 
@@ -28,14 +29,15 @@ def rapid_commands(text: str) -> set[str]:
     for line in text.splitlines():
         for match in _RAPID_WORD.finditer(line):
             rest = line[match.end():].lstrip()
-            if rest.startswith(("--", "\"${", "train", "optimizer", "rollout", "league", "eval", "monitor")):
+            if rest.startswith(("--", "\"${", "train", "optimizer", "rollout", "league", "eval", "monitor",
+                                "inference")):
                 found.add(match.group(1))
     return found
 
 
 def test_every_deploy_asset_listed_in_the_brief_exists():
     for rel in ("slurm/rapid.sbatch", "k8s/optimizer-mpijob.yaml", "k8s/rollout-deployment.yaml",
-                "k8s/secret-example.yaml", "docker/Dockerfile", "compose.yaml"):
+                "k8s/inference-daemonset.yaml", "k8s/secret-example.yaml", "docker/Dockerfile", "compose.yaml"):
         assert (DEPLOY / rel).is_file(), rel
 
 
@@ -92,7 +94,7 @@ def test_the_rollout_pods_of_a_node_share_one_node_cache(tmp_path):
     pod = deployment["spec"]["template"]["spec"]
     (rollout,) = pod["containers"]
     volumes = {v["name"]: v for v in pod["volumes"]}
-    (cache,) = [m for m in rollout["volumeMounts"] if "hostPath" in volumes[m["name"]]]
+    (cache,) = [m for m in rollout["volumeMounts"] if "hostPath" in volumes[m["name"]] and m["mountPath"] != SHM]
     host = volumes[cache["name"]]["hostPath"]
     assert host["path"].startswith("/") and "$" not in host["path"]  # one fixed path on every node
     assert host["type"] == "DirectoryOrCreate" and not cache.get("readOnly") and "subPath" not in cache
@@ -102,6 +104,62 @@ def test_the_rollout_pods_of_a_node_share_one_node_cache(tmp_path):
     (tmp_path / "run.toml").write_text(configmap["data"]["run.toml"])
     cfg = load_config(tmp_path / "run.toml", overrides)
     assert cfg.rollout.node_cache_dir == cache["mountPath"]  # rapid adds the run id below it
+
+
+def _host_mounts(path: str) -> dict[str, str]:
+    """{mount path: host path} of every hostPath volume the pod template's one container mounts."""
+    pod = yaml.safe_load((DEPLOY / path).read_text())["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (container,) = pod["containers"]
+    mounts = {}
+    for m in container["volumeMounts"]:
+        host = volumes[m["name"]].get("hostPath")
+        if host is not None:
+            assert not m.get("readOnly") and "subPath" not in m, m
+            mounts[m["mountPath"]] = host["path"]
+    return mounts
+
+
+def test_the_rollout_pods_and_the_node_server_share_the_hosts_shared_memory():
+    """Issue 32: a worker's slots are a POSIX shared-memory block (in /dev/shm), and a pod's /dev/shm is its own,
+    so the rollout pods and the node's inference server must all mount the same folder of the host's /dev/shm
+    there (a folder of it, not hostIPC: the least the server needs)."""
+    rollout, server = _host_mounts("k8s/rollout-deployment.yaml"), _host_mounts("k8s/inference-daemonset.yaml")
+    host = rollout.get(SHM)
+    assert host is not None and (host == SHM or host.startswith(SHM + "/")), rollout  # in RAM, the host's tmpfs
+    assert server == rollout  # the same node cache folder and the same shared memory, at the same paths
+    for path in ("k8s/rollout-deployment.yaml", "k8s/inference-daemonset.yaml"):
+        pod = yaml.safe_load((DEPLOY / path).read_text())["spec"]["template"]["spec"]
+        assert not pod.get("hostIPC"), path
+
+
+def test_the_node_server_meets_the_rollout_pods_in_one_folder(tmp_path):
+    """Uncommenting the config example's node inference lines turns it on; the DaemonSet's server and the rollout
+    pods then derive the same node folder (socket, lock) from their config and overrides."""
+    from rapid.cli import build_parser
+    from rapid.config import load_config
+    from rapid.inference_client import node_folder
+
+    text = yaml.safe_load((DEPLOY / "k8s/config-example.yaml").read_text())["data"]["run.toml"]
+    switched = re.sub(r"^(\s*)# (inference(?:_spawn)? = )", r"\1\2", text, flags=re.M)
+    assert switched != text
+    (tmp_path / "run.toml").write_text(switched)
+    rollout_pod = yaml.safe_load((DEPLOY / "k8s/rollout-deployment.yaml").read_text())
+    words = shlex.split(" ".join(_containers(rollout_pod)[0]["args"]))
+    rollout_cfg = load_config(tmp_path / "run.toml", [words[i + 1] for i, w in enumerate(words) if w == "--set"])
+    assert (rollout_cfg.rollout.inference, rollout_cfg.rollout.inference_spawn) == ("node", False)
+
+    daemonset = yaml.safe_load((DEPLOY / "k8s/inference-daemonset.yaml").read_text())
+    assert daemonset["kind"] == "DaemonSet"
+    (server,) = _containers(daemonset)
+    assert server["command"][:2] == ["rapid", "inference"]
+    args = build_parser().parse_args(server["command"][1:])
+    server_cfg = load_config(tmp_path / "run.toml", args.set)
+    assert node_folder(server_cfg, "r1") == node_folder(rollout_cfg, "r1")
+    (cache_mount,) = _host_mounts("k8s/inference-daemonset.yaml").keys() - {SHM}
+    assert node_folder(server_cfg, "r1").parent == Path(cache_mount)  # on the node, not in the container
+    assert {"secretRef": {"name": "rapid-s3"}} in server["envFrom"]  # it reads the parameters from the store
+    assert server["ports"] == [{"name": "metrics-0", "containerPort": server_cfg.metrics.base_port}]
 
 
 def test_config_example_is_a_valid_rapid_config():
