@@ -109,7 +109,7 @@ class RolloutConfig:
     """Once the run's optimizer has stopped (its lease released, or expired: it died), a worker plays no more
     games and waits this many seconds for an optimizer to take the run again (a --resume), then stops (0: at
     once). It asks only when no new version has come for a few publish intervals."""
-    inference: str = "local"
+    inference: str = "auto"
     """Where the policy runs: 'local' (on each worker's core), 'node' (one inference server per node batches every
     worker's requests, on the node's GPU if it has one, and is the node's only reader of parameters), 'auto' (node
     where a GPU is visible)."""
@@ -118,9 +118,10 @@ class RolloutConfig:
     another's actions are decided."""
     inference_max_batch: int = 8192
     """With node inference: most agent rows in one batch of the server."""
-    inference_max_wait_ms: float = 2.0
-    """With node inference: longest a request waits for others to join its batch (a batch goes at once when every
-    connected lane waits)."""
+    inference_max_wait_ms: float = 0.0
+    """With node inference: longest a request waits for others to join its batch (0: a batch goes as soon as the
+    server is free, and the requests that arrive while it decides make the next one; a batch also goes at once when
+    every connected lane waits). On 2 CPU cores 2 ms cost one worker a third of its steps (BENCHMARKS.md)."""
     inference_device: str = "auto"
     """The node server's device: 'auto' (cuda where visible), 'cpu', 'cuda'."""
     inference_spawn: bool = True

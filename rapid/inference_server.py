@@ -80,7 +80,8 @@ class BatchStats:
         return {"batches": self.batches, "rows": self.rows,
                 "mean_batch": self.rows / max(self.batches, 1),
                 "wait_p50_ms": float(np.percentile(waits, 50) * 1e3),
-                "wait_p99_ms": float(np.percentile(waits, 99) * 1e3), "busy_share": self.busy_s / elapsed}
+                "wait_p99_ms": float(np.percentile(waits, 99) * 1e3), "busy_s": self.busy_s,
+                "busy_share": self.busy_s / elapsed}
 
 
 class InferenceServer:

@@ -63,9 +63,9 @@ class Recording:
 
 
 class ServerThread:
-    def __init__(self, cfg: Config, folder, spec, max_wait_s: float = 0.001):
+    def __init__(self, cfg: Config, folder, spec, max_wait_s: float = 0.001, device: str = "cpu"):
         self.params = QueuedParams()
-        self.server = InferenceServer(lambda: build_policy(cfg, spec), torch.device("cpu"), self.params,
+        self.server = InferenceServer(lambda: build_policy(cfg, spec), torch.device(device), self.params,
                                       lambda member: {}, max_batch=4096, max_wait_s=max_wait_s, idle_s=0)
         self.stop = StopFlag(install_signals=False)
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -95,7 +95,7 @@ def _cfg(env: str, games: int, options: dict) -> Config:
                   rollout=RolloutConfig(bptt=4, samples_per_segment=2))
 
 
-def _pair(cfg: Config, folder, seed: int = 3):
+def _pair(cfg: Config, folder, seed: int = 3, device: str = "cpu"):
     """The same worker twice: one deciding on its own core, one through the node's server."""
     env_a = make_env(cfg.env.name, num_games=cfg.env.num_games, seed=seed, options=cfg.env.options)
     env_b = make_env(cfg.env.name, num_games=cfg.env.num_games, seed=seed, options=cfg.env.options)
@@ -103,7 +103,7 @@ def _pair(cfg: Config, folder, seed: int = 3):
     policy = build_policy(cfg, spec)
     settings = RolloutSettings.of(cfg, spec)
     local = Recording(LocalInference(build_policy(cfg, spec), env_a.num_games * spec.num_agents))
-    server = ServerThread(cfg, folder, spec)
+    server = ServerThread(cfg, folder, spec, device=device)
     layout = SlotLayout(1, env_b.num_games * spec.num_agents, spec.obs_dim, spec.mask_dim, len(spec.action_heads),
                         cfg.model.lstm)
     client = NodeClient(str(folder), layout, start_timeout_s=5)
@@ -113,11 +113,25 @@ def _pair(cfg: Config, folder, seed: int = 3):
     return policy, (a, local), (b, node), server, client
 
 
-@pytest.mark.parametrize("env,games,options", [("moba", 2, {"heroes_per_side": 5, "lanes": 3, "max_seconds": 20.0}),
-                                               (C4, 8, {})])
+MOBA_5V5 = ("moba", 2, {"heroes_per_side": 5, "lanes": 3, "max_seconds": 20.0})
+
+
+@pytest.mark.parametrize("env,games,options", [MOBA_5V5, (C4, 8, {})])
 def test_the_servers_answers_equal_a_workers_own_over_resets_and_a_swap(tmp_path, env, games, options):
-    cfg = _cfg(env, games, options)
-    policy, (a, local), (b, node), server, client = _pair(cfg, tmp_path)
+    _compare(_cfg(env, games, options), tmp_path, "cpu")
+
+
+@pytest.mark.cuda
+def test_a_server_on_the_gpu_answers_as_a_workers_core(tmp_path):
+    """fp32 with TF32 off, as the server role sets it: within 1e-5 of the CPU over resets and a swap."""
+    from rapid.opt.learner import allow_tf32
+
+    allow_tf32(False)
+    _compare(_cfg(*MOBA_5V5), tmp_path, "cuda")
+
+
+def _compare(cfg: Config, folder, device: str) -> None:
+    policy, (a, local), (b, node), server, client = _pair(cfg, folder, device=device)
     try:
         first = policy.tensors()
         server.publish(1, first)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 import torch
 
 from rapid.config import Config
+from rapid.envs.base import VecMultiAgentEnv
 from rapid.envs.registry import make_env
 from rapid.errors import FormatError
 from rapid.inference import inference_mode
@@ -77,20 +78,9 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
     # Versions, snapshots and the pool are read through the node's cache: one fetch per node, not per process.
     reads = rollout_store(store, cfg.derive().run_dir, run_id, cfg.rollout.node_cache_dir, cfg.rollout.param_poll_s,
                           cfg.league.refresh_s)
-    mode = inference_mode(cfg.rollout.inference, torch.cuda.is_available())
-    client = None
-    if mode == "local":
-        env = make_env(cfg.env.name, num_games=cfg.env.num_games, seed=seed, options=cfg.env.options)
-        policy = build_policy(cfg, env.spec)
-        opponents = LeagueOpponents(League(reads), cfg, env, lambda: build_policy(cfg, env.spec))
-        worker: RolloutWorker | Lanes = RolloutWorker(env, policy, RolloutSettings.of(cfg, env.spec), opponents,
-                                                      seed=seed)
-        poller: ParamPoller | ServerVersions = ParamPoller(ParameterStore(reads), cfg.rollout.param_poll_s, log,
-                                                           on_failure=metrics.param_refresh_failed)
-        envs = [env]
-    else:  # the node's server runs the policies and reads the parameters: the worker steps its lanes' games
-        envs, client, worker = _lanes(cfg, seed, reads, run_id)
-        poller = ServerVersions(client)
+    worker, envs, client = build_worker(cfg, seed, reads, run_id)
+    poller: ParamPoller | ServerVersions = (ServerVersions(client) if client is not None else ParamPoller(
+        ParameterStore(reads), cfg.rollout.param_poll_s, log, on_failure=metrics.param_refresh_failed))
     spec = envs[0].spec
     # Finished games travel inside the experience objects: the optimizer ranks tally them for the league.
     uploader = Uploader(store, worker_id, cfg.rollout.upload_interval_s, cfg.rollout.max_backlog,
@@ -102,7 +92,7 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
     poller.start()
     uploader.start()
     log.info("worker %s started: %d games of %s, %s inference, store %s", worker_id, cfg.env.num_games,
-             cfg.env.name, mode, store.describe())
+             cfg.env.name, "local" if client is None else "node", store.describe())
     try:
         return drive(loop.run(), wait=stop.wait)
     finally:
@@ -118,9 +108,16 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
                  worker_id, s.objects, s.samples, s.dropped_samples, s.failures, loop.version)
 
 
-def _lanes(cfg: Config, seed: int, reads, run_id: str | None):
-    """A worker under node inference: its games in ``rollout.inference_lanes`` lanes with an env each, every lane
-    deciding through the node's server (started by this worker if none answers)."""
+def build_worker(cfg: Config, seed: int, reads, run_id: str | None
+                 ) -> tuple[RolloutWorker | Lanes, list[VecMultiAgentEnv], NodeClient | None]:
+    """The worker, its envs and (under node inference) its connection to the node's server. Local inference: one
+    env, the policy on this core. Node inference: the games in ``rollout.inference_lanes`` lanes with an env each,
+    every lane deciding through the node's server (started by this worker if none answers)."""
+    if inference_mode(cfg.rollout.inference, torch.cuda.is_available()) == "local":
+        env = make_env(cfg.env.name, num_games=cfg.env.num_games, seed=seed, options=cfg.env.options)
+        opponents = LeagueOpponents(League(reads), cfg, env, lambda: build_policy(cfg, env.spec))
+        return (RolloutWorker(env, build_policy(cfg, env.spec), RolloutSettings.of(cfg, env.spec), opponents,
+                              seed=seed), [env], None)
     lanes = cfg.rollout.inference_lanes
     folder = node_folder(cfg, run_id)
     envs = [make_env(cfg.env.name, num_games=cfg.env.num_games // lanes, seed=seed + LANE_SEED_STEP * i,
@@ -135,7 +132,7 @@ def _lanes(cfg: Config, seed: int, reads, run_id: str | None):
     workers = [RolloutWorker(env, policy, settings,
                              LeagueOpponents(League(reads), cfg, env, remote=client.load_opponent),
                              seed=seed + LANE_SEED_STEP * i, inference=client.lane(i)) for i, env in enumerate(envs)]
-    return envs, client, Lanes(workers)
+    return Lanes(workers), list(envs), client
 
 
 class ParamPoller:
