@@ -206,9 +206,10 @@ class Pipeline:
                     _write(host, segment.start, region, getattr(split, key).numpy())
         compute = torch.cuda.current_stream(self.device) if self.side is not None else None
         copied: dict[int, tuple[torch.Tensor, torch.cuda.Event | None]] = {}
+        released: set[int] = set()
 
         def issue(j: int) -> None:
-            if j in copied or j >= len(segments):
+            if j in copied or j in released or j >= len(segments):
                 return
             if slot.generation != generation:
                 raise RuntimeError("a staged batch was used after its host buffer was reused")
@@ -238,6 +239,11 @@ class Pipeline:
         def chunk(j: int) -> tuple[dict[str, torch.Tensor], ResetFreeRuns]:
             dev = ready(j)
             issue(j + 1)  # copied while this chunk trains
+            # Chunks already trained leave the device (the caching allocator keeps their blocks until the learner's
+            # stream is past them): at most two chunks and the batch-wide figures (in chunk 0) are held at a time.
+            for done in [k for k in copied if 0 < k < j]:
+                del copied[done]
+                released.add(done)
             segment = segments[j]
             arrays = {k: segment.regions[k].view(dev) for k in CHUNKED}
             if segment.runs is None:

@@ -30,6 +30,7 @@ from multiprocessing import resource_tracker, shared_memory
 import numpy as np
 import torch
 
+from rapid.inference_batch import Part, Staging, decide
 from rapid.inference_wire import BadMessage, Frames, LaneViews, SlotLayout, frame
 from rapid.league.sampling import LATEST
 from rapid.opt.model import Policy
@@ -104,6 +105,7 @@ class InferenceServer:
         self.c = torch.zeros(0, self.latest.lstm_size, device=device)
         self.free_blocks: list[tuple[int, int]] = []
         self.stats = BatchStats()
+        self.staging = Staging(device)
 
     # --- the loop ------------------------------------------------------------------------------------------------
 
@@ -265,17 +267,17 @@ class InferenceServer:
     def _policy(self, key: str) -> Policy:
         return self.latest if key == LATEST else self._opponent(key)
 
-    def _state_rows(self, worker: Worker, lane: int, rows: np.ndarray) -> torch.Tensor:
+    def _state_rows(self, worker: Worker, lane: int, rows: np.ndarray) -> np.ndarray:
+        """``rows`` of the worker's lane as rows of the server's state tensors."""
         assert worker.layout is not None
         if len(rows) and (rows.min() < 0 or rows.max() >= worker.layout.rows):
             raise IndexError("a row outside the worker's block")
-        index = worker.first_row + lane * worker.layout.rows + rows
-        return torch.from_numpy(index).to(self.device)
+        return worker.first_row + lane * worker.layout.rows + rows
 
     def _resets(self, worker: Worker, message: dict) -> None:
         resets = np.asarray(message.get("resets") or [], dtype=np.int64)
         if len(resets):
-            index = self._state_rows(worker, int(message["lane"]), resets)
+            index = torch.from_numpy(self._state_rows(worker, int(message["lane"]), resets)).to(self.device)
             self.h[index] = 0.0
             self.c[index] = 0.0
 
@@ -285,7 +287,7 @@ class InferenceServer:
         self._resets(worker, message)
         view = worker.views[int(message["lane"])]
         rows = view.rows[:int(message["n"])].copy()
-        index = self._state_rows(worker, int(message["lane"]), rows)
+        index = torch.from_numpy(self._state_rows(worker, int(message["lane"]), rows)).to(self.device)
         obs = torch.from_numpy(view.obs[rows]).to(self.device)
         view.value[:len(rows)] = self.latest.value(obs, (self.h[index], self.c[index])).cpu().numpy()
         return {"version": self.version}
@@ -293,27 +295,33 @@ class InferenceServer:
     def _run_batch(self) -> None:
         batch, self.pending = self.pending, []
         started = time.monotonic()
-        by_policy: dict[str, list[tuple[Pending, int, np.ndarray]]] = {}
+        by_policy: dict[str, list[Part]] = {}
+        owners: dict[str, list[Pending]] = {}
         answers = []
         for p in batch:
             try:
                 self._resets(p.worker, p.message)
-                view = p.worker.views[int(p.message["lane"])]
+                lane = int(p.message["lane"])
+                view = p.worker.views[lane]
                 rows = view.rows[:int(p.message["n"])].copy()
+                state_rows = self._state_rows(p.worker, lane, rows)
                 position = 0
                 for key, count in p.message["groups"]:
-                    by_policy.setdefault(str(key), []).append((p, position, rows[position:position + int(count)]))
-                    position += int(count)
+                    end = position + int(count)
+                    by_policy.setdefault(str(key), []).append(Part(view, position, rows[position:end],
+                                                                   state_rows[position:end]))
+                    owners.setdefault(str(key), []).append(p)
+                    position = end
                 answers.append(p)
             except (KeyError, TypeError, ValueError, IndexError) as e:
                 self._answer(p.worker, {"id": p.message.get("id"), "error": f"{type(e).__name__}: {e}"})
         failed: set[int] = set()
         for key, parts in by_policy.items():
             try:
-                self._decide(self._policy(key), parts)
+                decide(self._policy(key), self.h, self.c, parts, self.staging)
             except (KeyError, ValueError, IndexError, RuntimeError) as e:
                 log.warning("cannot decide for %s: %s", key, e)
-                failed.update(id(p) for p, _, _ in parts)
+                failed.update(id(p) for p in owners[key])
         busy = time.monotonic() - started
         for p in answers:
             reply = ({"id": p.message["id"], "error": "the server could not decide"} if id(p) in failed
@@ -324,24 +332,3 @@ class InferenceServer:
         self.stats.record(size, waits, busy)
         if self.metrics is not None:
             self.metrics.batch(size, waits, busy)
-
-    def _decide(self, policy: Policy, parts: list[tuple[Pending, int, np.ndarray]]) -> None:
-        """One forward pass for every row this policy acts for, answers written into each worker's slots."""
-        views = [p.worker.views[int(p.message["lane"])] for p, _, _ in parts]
-        obs = np.concatenate([v.obs[rows] for v, (_, _, rows) in zip(views, parts)])
-        mask = np.concatenate([v.mask[rows] for v, (_, _, rows) in zip(views, parts)])
-        uniforms = np.concatenate([v.uniforms[rows] for v, (_, _, rows) in zip(views, parts)])
-        index = torch.cat([self._state_rows(p.worker, int(p.message["lane"]), rows) for p, _, rows in parts])
-        h, c = self.h[index], self.c[index]
-        out = policy.act(torch.from_numpy(obs).to(self.device), torch.from_numpy(mask).to(self.device), (h, c),
-                         uniforms=torch.from_numpy(uniforms).to(self.device))
-        self.h[index], self.c[index] = out.state
-        # One copy back to the host for all the answers of this pass.
-        answers = [t.cpu().numpy() for t in (out.actions, out.logp, out.value, h, c)]
-        start = 0
-        for view, (_, position, rows) in zip(views, parts):
-            n = len(rows)
-            target = slice(position, position + n)
-            view.actions[target], view.logp[target], view.value[target], view.h[target], view.c[target] = (
-                a[start:start + n] for a in answers)
-            start += n
