@@ -37,6 +37,22 @@ from typing import Any
 #: Environment variables that only exist when a process was started by an MPI launcher (MPICH/Hydra,
 #: Open MPI, PMIx, Slurm's PMI). Without them, mpi4py would make a singleton: we don't initialize MPI.
 MPI_LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+_LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "MPI_LOCAL", "HYDRA_")
+_IDENTITY_VARS = ("RAPID_RANK", "RAPID_WORLD_SIZE", "RAPID_LOCAL_RANK", "RAPID_LOCAL_WORLD_SIZE", "RANK",
+                  "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
+
+
+def env_outside_launchers(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without what would make a process take itself for one of a launcher's ranks: for a helper process
+    that a rank starts and that is nobody's rank (a node's inference server). Under MPI it would otherwise wait
+    on the launcher's PMI connection, which belongs to the rank.
+
+    >>> env_outside_launchers({"PMI_RANK": "1", "PMI_FD": "7", "RANK": "1", "SLURM_JOB_ID": "9", "HOME": "/h"})
+    {'SLURM_JOB_ID': '9', 'HOME': '/h'}
+    """
+    return {k: v for k, v in env.items() if not k.startswith(_LAUNCHER_PREFIXES) and k not in _IDENTITY_VARS}
+
+
 _TASKS = re.compile(r"([0-9]+)(?:\(x([0-9]+)\))?")
 
 

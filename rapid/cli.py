@@ -358,6 +358,7 @@ COMMANDS = {"train": cmd_train, "config": cmd_config, "eval": cmd_eval, "optimiz
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rapid.inference_client import InferenceUnavailable
     from rapid.infra.identity import LayoutError
     from rapid.infra.store import StoreError
 
@@ -370,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     except FormatError as e:  # bad input, as a bad argument is
         print(f"rapid: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
-    except StoreError as e:
+    except (StoreError, InferenceUnavailable) as e:
         print(f"rapid: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

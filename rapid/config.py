@@ -124,6 +124,9 @@ class RolloutConfig:
     every connected lane waits). On 2 CPU cores 2 ms cost one worker a third of its steps (BENCHMARKS.md)."""
     inference_device: str = "auto"
     """The node server's device: 'auto' (cuda where visible), 'cpu', 'cuda'."""
+    inference_idle_s: float = 30.0
+    """With node inference: the server stops once no worker has been connected this long (0: never, for a server
+    run as a service, e.g. a DaemonSet)."""
     inference_spawn: bool = True
     """With node inference: a worker that finds no server on its node starts one (false: another process runs it,
     as rapid train's launcher does)."""

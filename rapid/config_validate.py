@@ -52,6 +52,7 @@ def validate(cfg: Config) -> list[str]:
                  f"({r.inference_lanes}) equal groups")
     _positive(e, "rollout.inference_max_batch", r.inference_max_batch)
     _positive(e, "rollout.inference_max_wait_ms", r.inference_max_wait_ms, allow_zero=True)
+    _positive(e, "rollout.inference_idle_s", r.inference_idle_s, allow_zero=True)
     if r.inference_device not in ("auto", "cpu", "cuda"):
         e.append(f"rollout.inference_device must be 'auto', 'cpu' or 'cuda' (got {r.inference_device!r})")
     o = cfg.optimizer

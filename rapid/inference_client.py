@@ -24,14 +24,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from multiprocessing import shared_memory
 from pathlib import Path
 
 import numpy as np
 
 from rapid.config import Config, to_toml
 from rapid.inference import ActRequest, ActResult, InferenceLost, concat_rows
-from rapid.inference_wire import BadMessage, Frames, SlotLayout, connect, frame, socket_address
+from rapid.inference_wire import BadMessage, Frames, SharedBlock, SlotLayout, connect, frame, socket_address
+from rapid.infra.identity import env_outside_launchers
 
 log = logging.getLogger(__name__)
 CONFIG_NAME = "inference-config.toml"
@@ -57,7 +57,8 @@ def spawn_server(cfg: Config, folder: Path) -> subprocess.Popen:
     with open(folder / LOG_NAME, "ab") as log:
         return subprocess.Popen([sys.executable, "-m", "rapid.cli", "inference", "--config",
                                  str(folder / CONFIG_NAME)], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                env=env_outside_launchers(os.environ))
 
 
 class InferenceUnavailable(RuntimeError):
@@ -74,7 +75,7 @@ class NodeClient:
         self.address, self.layout = socket_address(folder), layout
         self.spawn, self.start_timeout_s, self.log_path = spawn, start_timeout_s, log_path
         self.sock: socket.socket | None = None
-        self.shm: shared_memory.SharedMemory | None = None
+        self.shm: SharedBlock | None = None
         self.views: list = []
         self.generation = 0
         """Connections made so far: a request of an earlier connection has no answer coming."""
@@ -107,10 +108,10 @@ class NodeClient:
                                                f"{self.start_timeout_s:.0f}s: {self._last_line()}") from None
                 time.sleep(0.05)
         self.sock, self._frames, self._answers = sock, Frames(), {}
-        self.shm = shared_memory.SharedMemory(create=True, size=max(self.layout.size, 1))
+        self.shm = SharedBlock.create(self.layout.size)
         self.views = self.layout.views(self.shm.buf)
         self.generation += 1
-        answer = self.call({"op": "hello", "shm": self.shm.name, "pid": os.getpid(), **self.layout.to_message()})
+        answer = self.call({"op": "hello", "shm": self.shm.path, **self.layout.to_message()})
         if "error" in answer:
             self.close()
             raise InferenceUnavailable(f"the node's inference server refused this worker: {answer['error']}")
@@ -178,11 +179,8 @@ class NodeClient:
     def _release(self) -> None:
         self.views = []
         if self.shm is not None:
+            self.shm.unlink()  # the server has removed the name once it mapped the block; not if it never did
             self.shm.close()
-            try:
-                self.shm.unlink()
-            except FileNotFoundError:
-                pass
             self.shm = None
 
     def close(self) -> None:

@@ -25,13 +25,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 import torch
 
 from rapid.inference_batch import Part, Staging, decide
-from rapid.inference_wire import BadMessage, Frames, LaneViews, SlotLayout, frame
+from rapid.inference_wire import BadMessage, Frames, LaneViews, SharedBlock, SlotLayout, frame
 from rapid.league.sampling import LATEST
 from rapid.opt.model import Policy
 
@@ -43,7 +42,7 @@ OPPONENTS_KEPT = 16
 class Worker:
     sock: socket.socket
     frames: Frames = field(default_factory=Frames)
-    shm: shared_memory.SharedMemory | None = None
+    shm: SharedBlock | None = None
     views: list[LaneViews] = field(default_factory=list)
     layout: SlotLayout | None = None
     first_row: int = 0
@@ -213,10 +212,11 @@ class InferenceServer:
         layout = SlotLayout(*(int(message[k]) for k in ("lanes", "rows", "obs_dim", "mask_dim", "heads", "lstm")))
         if layout.lstm != self.latest.lstm_size or layout.obs_dim != self.latest.obs_dim:
             raise ValueError(f"a worker of another model (obs {layout.obs_dim}, lstm {layout.lstm})")
-        shm = shared_memory.SharedMemory(name=str(message["shm"]))
-        if int(message.get("pid", -1)) != os.getpid():
-            # The worker owns the block: this process must not unlink it when it exits (Python < 3.13 tracks it).
-            resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+        path = str(message["shm"])
+        if not os.path.basename(path).startswith("rapid-slots-"):
+            raise ValueError(f"{path!r} is not a worker's block")
+        shm = SharedBlock(path, layout.size, create=False)
+        shm.unlink()  # mapped by both: the memory now goes with the last of the two processes
         if shm.size < layout.size:
             shm.close()
             raise ValueError(f"a block of {shm.size} bytes for a layout of {layout.size}")

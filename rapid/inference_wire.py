@@ -24,9 +24,12 @@ Every message carries an ``id`` that its answer repeats.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
+import secrets
 import socket
 import struct
+import tempfile
 from dataclasses import dataclass
 
 import msgpack
@@ -92,6 +95,43 @@ class SlotLayout:
     def to_message(self) -> dict:
         return {"lanes": self.lanes, "rows": self.rows, "obs_dim": self.obs_dim, "mask_dim": self.mask_dim,
                 "heads": self.heads, "lstm": self.lstm}
+
+
+class SharedBlock:
+    """A worker's block of slots: a file in ``/dev/shm`` (RAM; the temp folder where there is none) mapped by the
+    worker and by its node's server. The server removes the file's name as soon as it has mapped it, so the memory
+    goes with the last of the two processes, whichever ends how, and nothing is left behind. (Python's
+    ``multiprocessing.shared_memory`` would start a resource-tracker process in every worker and unlink a block
+    when a server that attached to it exits.)"""
+
+    def __init__(self, path: str, size: int, create: bool):
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            self.size = os.fstat(fd).st_size
+            self.buf = mmap.mmap(fd, self.size)
+        finally:
+            os.close(fd)
+        self.path = path
+
+    @classmethod
+    def create(cls, size: int) -> SharedBlock:
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        return cls(os.path.join(folder, f"rapid-slots-{os.getpid()}-{secrets.token_hex(6)}"), max(size, 1), True)
+
+    def unlink(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        try:
+            self.buf.close()
+        except BufferError:  # a view of it is still referenced: the mapping goes when that view does
+            pass
 
 
 def _aligned(n: int, to: int = 64) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from pathlib import Path
@@ -38,8 +39,9 @@ def test_in_process_self_play_beats_random(tmp_path):
 def test_in_process_sigint_stops_every_role_and_checkpoints(tmp_path):
     run = tmp_path / "stop"
     log = tmp_path / "train.log"
+    # Node inference: the node's server is one more thread of the one process.
     proc = start_rapid("train", "--in-process", "--config", "configs/default.toml", "--run-dir", str(run),
-                       "--workers", "1", "--no-progress", *FAST, log=log)
+                       "--workers", "1", "--no-progress", *FAST, "--set", "rollout.inference=node", log=log)
     try:
         params = ParameterStore(LocalStore(run / "store"))
         wait_for(lambda: (params.latest_version() or 0) >= 2, 180, "version 2")
@@ -52,6 +54,8 @@ def test_in_process_sigint_stops_every_role_and_checkpoints(tmp_path):
     assert "rapid train finished: stopped by SIGINT" in log.read_text()
     roles_log = (run / "logs" / "in-process.log").read_text()
     assert "rapid.optimizer-0 INFO stopped (SIGINT)" in roles_log and "worker w0 stopped" in roles_log
+    assert "node inference" in roles_log
+    assert re.search(r"rapid.inference INFO inference server stopped: [1-9]", roles_log), roles_log[-3000:]
 
 
 def test_a_role_thread_ends_like_its_process_would(tmp_path, caplog):

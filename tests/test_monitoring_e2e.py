@@ -16,15 +16,16 @@ def test_dashboard_queries_return_data_from_a_real_run(tmp_path, prometheus):
         "--set", f'run.name="{RUN}"', "--set", "rollout.upload_interval_s=1.0", "--set", "env.num_games=32",
         "--set", "eval.interval_s=3", "--set", "eval.games=40", "--set", "optimizer.batch_samples=64",
         "--set", "league.snapshot_every=5", "--set", 'league.bots=["random"]', "--set", "league.bot_prob=0.2",
-        "--set", "league.refresh_s=2", log=tmp_path / "train.log")
+        "--set", "league.refresh_s=2", "--set", "rollout.inference=node", log=tmp_path / "train.log")
     try:
         def targets():
             found = collect_targets(run)
-            if len(found) >= 4:
+            if len(found) >= 5:
                 write_file_sd(found, prometheus.targets_file, run=RUN)
-            return len(found) >= 4
+            return len(found) >= 5
 
-        wait_for(targets, 90, "launcher, optimizer, rollout and evaluator to serve metrics")
+        # Node inference: the node's server serves its metrics too (the dashboard's node-inference row).
+        wait_for(targets, 90, "launcher, optimizer, inference server, rollout and evaluator to serve metrics")
         prometheus.wait_for(f'rapid_updates_total{{run="{RUN}"}}', timeout=90)
         missing = check_dashboard_queries(prometheus.url, run=RUN, timeout=120)
         assert missing == [], f"panels without data: {missing}\n{prometheus.log_tail()}"

@@ -250,3 +250,20 @@ def test_auto_inference_is_node_where_a_gpu_is_visible():
     assert inference_mode("auto", cuda_available=True) == "node"
     assert inference_mode("auto", cuda_available=False) == "local"
     assert inference_mode("local", cuda_available=True) == "local"
+
+
+def test_a_rollout_worker_whose_node_server_cannot_start_says_why_in_one_line(tmp_path):
+    """A real `rapid rollout` starts a real `rapid inference`, which refuses a CUDA device this machine lacks."""
+    from rapid.infra.store import LocalStore
+    from rapid.store_map import write_layout
+    from tests.helpers import rapid
+
+    run = tmp_path / "run"
+    write_layout(LocalStore(str(run / "store")), 1)
+    out = rapid("rollout", "--set", f'run.dir="{run}"', "--set", "rollout.inference=node",
+                "--set", "rollout.inference_device=cuda", "--set", "metrics.enabled=false", check=False, timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1, out.stderr
+    assert lines[-1].startswith("rapid: InferenceUnavailable: the node's inference server could not start: rapid: "
+                                "error: rollout.inference_device = 'cuda' but this node has no CUDA device"), lines
+    assert "Traceback" not in out.stderr

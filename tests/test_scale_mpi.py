@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from rapid.opt.buffer import ExperienceBuffer
 from rapid.param_store import ParameterStore
 from rapid.roles.startup import env_spec
 from rapid.store_map import experience_key, parse_experience_shard, shard_of, shard_owner
+from tests.helpers import wait_for
 from tests.mpi_scripts.optimizer_ranks import digest
 from tests.s3_server import DUMMY_CREDENTIALS
 
@@ -208,7 +210,9 @@ def test_two_rollout_ranks_and_two_optimizer_ranks_against_s3(tmp_path, s3_serve
                  region_name="us-east-1").create_bucket(Bucket=bucket)
     config = write_config(tmp_path, updates=8, store_url=f"s3://{bucket}/run", endpoint=s3_server)
     env = child_env(**DUMMY_CREDENTIALS)
-    rollouts = subprocess.Popen(mpiexec(2, str(BIN / "rapid-rollout"), "--config", str(config)),
+    # The two ranks share one node: under node inference one of them starts the node's server, both decide there.
+    rollouts = subprocess.Popen(mpiexec(2, str(BIN / "rapid-rollout"), "--config", str(config),
+                                        "--set", "rollout.inference=node", "--set", "rollout.inference_idle_s=1"),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     try:
         optimizers = subprocess.run(mpiexec(2, str(BIN / "rapid-optimizer"), "--config", str(config)),
@@ -219,6 +223,11 @@ def test_two_rollout_ranks_and_two_optimizer_ranks_against_s3(tmp_path, s3_serve
     assert rollout_code == 0, rollout_err[-3000:]
     for worker in ("w0", "w1"):  # identity from the MPI rank; each stopped cleanly on SIGTERM
         assert f"worker {worker} stopped" in rollout_err, rollout_err[-3000:]
+    [server_log] = (tmp_path / "run" / "node-cache").glob("*/inference.log")  # one node, one folder
+    stopped = wait_for(lambda: "inference server stopped" in server_log.read_text() and server_log.read_text(), 30,
+                       "the node's server to stop once idle")
+    assert stopped.count("inference server on") == 1, stopped  # a second start found the node's lock taken
+    assert re.search(r"inference server stopped: [1-9][0-9]* batches", stopped), stopped
 
     for name, value in DUMMY_CREDENTIALS.items():
         monkeypatch.setenv(name, value)

@@ -2,7 +2,7 @@
 (``rapid inference``; started by the node's first rollout worker under node inference, or by `rapid train`).
 
 One server per node: it holds the node's lock file beside its socket, so a second one started at the same time
-says so and exits 0. It stops when told, or once no worker has been connected for ``IDLE_S``.
+says so and exits 0. It stops when told, or once no worker has been connected for ``rollout.inference_idle_s``.
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from rapid.opt.learner import allow_tf32
 from rapid.param_store import ParameterStore
 from rapid.roles.rollout import ParamPoller, run_layout
 from rapid.roles.startup import StopFlag, build_policy, env_spec, open_run_store, setup_logging, start_metrics
-
-IDLE_S = 30.0
+from rapid.store_map import shard_of
 
 
 def inference_device(setting: str, cuda_available: bool) -> torch.device:
@@ -40,14 +39,17 @@ def inference_device(setting: str, cuda_available: bool) -> torch.device:
     return torch.device("cuda" if setting == "cuda" or (setting == "auto" and cuda_available) else "cpu")
 
 
-def run_inference_server(cfg: Config, stop: StopFlag | None = None, idle_s: float = IDLE_S) -> int:
+def run_inference_server(cfg: Config, stop: StopFlag | None = None, idle_s: float | None = None) -> int:
+    """``idle_s``: stop once no worker has been connected this long (None: ``rollout.inference_idle_s``; 0: never)."""
     log = setup_logging("inference")
     stop = StopFlag() if stop is None else stop
     torch.set_num_threads(cfg.rollout.torch_threads)
     device = inference_device(cfg.rollout.inference_device, torch.cuda.is_available())
     if device.type == "cuda":
         allow_tf32(False)  # the workers' log-probs must match the learner's to about 1e-5 (see precision_settings)
-    metrics = start_metrics(InferenceMetrics, cfg)
+    # One server per node: its metrics rank is the node's (a stable hash of the host name, as a pod's worker name is
+    # hashed), and its port any free one, since the node's rank-0 process owns metrics.base_port.
+    metrics = start_metrics(InferenceMetrics, cfg, rank=shard_of(socket.gethostname(), 1 << 30), any_port=True)
     store = open_run_store(cfg, metrics)
     layout = run_layout(store, stop, log)
     if layout is None:
@@ -74,7 +76,8 @@ def run_inference_server(cfg: Config, stop: StopFlag | None = None, idle_s: floa
         league = League(reads)
         server = InferenceServer(lambda: build_policy(cfg, spec), device, poller,
                                  lambda member: league.load_snapshot(member).tensors, cfg.rollout.inference_max_batch,
-                                 cfg.rollout.inference_max_wait_ms / 1000.0, metrics, idle_s=idle_s)
+                                 cfg.rollout.inference_max_wait_ms / 1000.0, metrics,
+                                 idle_s=cfg.rollout.inference_idle_s if idle_s is None else idle_s)
         poller.start()
         log.info("inference server on %s for %s (pid %d, %s): batches of up to %d rows, waits up to %g ms",
                  device, folder, os.getpid(), address.lstrip("\0"), cfg.rollout.inference_max_batch,

@@ -178,7 +178,9 @@ def _threads(cfg: Config, run_dir: Path, resume: bool, workers: int, seed_offset
     cfg = dataclasses.replace(cfg, optimizer=dataclasses.replace(cfg.optimizer, decode_workers=0))
     optimizer = ThreadRole("optimizer", lambda: run_optimizer(cfg, resume=resume, stop=stop), log, stop)
     node, worker_cfg = _node_inference(cfg)
-    server = ThreadRole("inference", lambda: run_inference_server(cfg, stop=stop, idle_s=0), log, stop)
+    # The server has a stop flag of its own: it stops after the workers (a Ctrl-C reaches only the shared one).
+    server_stop = StopFlag(install_signals=False)
+    server = ThreadRole("inference", lambda: run_inference_server(cfg, stop=server_stop, idle_s=0), log, server_stop)
     servers = [server] if node else []
     rollouts = [ThreadRole(f"rollout-{i}", functools.partial(
         run_rollout, worker_cfg, f"w{i}", rollout_seed(cfg.run.seed, f"w{i}", i) + seed_offset, stop=stop, rank=i),

@@ -130,11 +130,12 @@ class StopFlag:
         return self.event.wait(seconds)
 
 
-def start_metrics(cls, cfg: Config, rank: int = 0, local_rank: int = 0):
-    """The role's metrics object; served on /metrics (and registered in the run dir) when enabled."""
+def start_metrics(cls, cfg: Config, rank: int = 0, local_rank: int = 0, any_port: bool = False):
+    """The role's metrics object; served on /metrics (and registered in the run dir) when enabled. ``any_port``:
+    a free port whatever ``metrics.base_port`` says (a process beside the ranks that own base_port + local rank)."""
     metrics = cls(run=cfg.run.name, rank=rank)
     if cfg.metrics.enabled:
-        port = cfg.metrics.base_port + local_rank if cfg.metrics.base_port else 0
+        port = cfg.metrics.base_port + local_rank if cfg.metrics.base_port and not any_port else 0
         try:
             metrics.serve(port=port, addr=cfg.metrics.addr, run_dir=cfg.derive().run_dir)
         except OSError as e:
