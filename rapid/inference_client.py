@@ -1,7 +1,7 @@
 """A rollout worker's side of its node's inference server (``rollout.inference = "node"``): one connection per
 worker, one :class:`NodeLane` per lane of its games (an :class:`rapid.inference.Inference` each).
 
-Usage (what :func:`rapid.roles.rollout.run_rollout` wires)::
+How :func:`rapid.roles.rollout.build_worker` wires a worker to its node's server::
 
     client = NodeClient(folder, SlotLayout(lanes=2, rows=B·A/2, ...), spawn=start_server_process)
     lanes = Lanes([RolloutWorker(env_i, policy, settings, opponents, seed_i, inference=client.lane(i))

@@ -9,7 +9,7 @@ come), it holds ``max_batch`` rows, or its oldest request has waited ``max_wait_
 one forward pass; sampled actions come from the workers' uniforms, so a seed gives the same games here as on a
 worker's own core.
 
-Usage (what :func:`rapid.roles.inference.run_inference_server` wires)::
+How :func:`rapid.roles.inference.run_inference_server` wires and runs it::
 
     server = InferenceServer(make_policy, device, params, load_opponent, max_batch, max_wait_s, metrics)
     server.serve(listener, stop)        # until stopped, or idle_s after its last worker left
