@@ -161,12 +161,17 @@ def _compare(cfg: Config, folder, device: str) -> None:
         server.close()
 
 
-def test_lanes_step_every_game_and_the_server_batches_them(tmp_path):
-    cfg = _cfg(C4, 8, {})
+def _c4_node(folder, lanes: int, games: int, max_wait_s: float = 0.001):
+    """A connect-four config, a server thread and a client of ``lanes`` lanes of ``games`` games each."""
+    cfg = _cfg(C4, lanes * games, {})
     spec = make_env(C4, num_games=1).spec
-    server = ServerThread(cfg, tmp_path, spec, max_wait_s=0.05)
-    layout = SlotLayout(2, 4 * spec.num_agents, spec.obs_dim, spec.mask_dim, 1, cfg.model.lstm)
-    client = NodeClient(str(tmp_path), layout, start_timeout_s=5)
+    server = ServerThread(cfg, folder, spec, max_wait_s=max_wait_s)
+    layout = SlotLayout(lanes, games * spec.num_agents, spec.obs_dim, spec.mask_dim, 1, cfg.model.lstm)
+    return cfg, spec, server, NodeClient(str(folder), layout, start_timeout_s=10)
+
+
+def test_lanes_step_every_game_and_the_server_batches_them(tmp_path):
+    cfg, spec, server, client = _c4_node(tmp_path, lanes=2, games=4, max_wait_s=0.05)
     try:
         server.publish(4, build_policy(cfg, spec).tensors())
         settings = RolloutSettings.of(cfg, spec)
@@ -187,11 +192,7 @@ def test_lanes_step_every_game_and_the_server_batches_them(tmp_path):
 
 
 def test_a_lost_server_restarts_the_games_and_no_sample_mixes_versions(tmp_path):
-    cfg = _cfg(C4, 4, {})
-    spec = make_env(C4, num_games=1).spec
-    server = ServerThread(cfg, tmp_path, spec)
-    layout = SlotLayout(1, 4 * spec.num_agents, spec.obs_dim, spec.mask_dim, 1, cfg.model.lstm)
-    client = NodeClient(str(tmp_path), layout, start_timeout_s=10)
+    cfg, spec, server, client = _c4_node(tmp_path, lanes=1, games=4)
     worker = RolloutWorker(make_env(C4, num_games=4, seed=0), build_policy(cfg, spec),
                            RolloutSettings.of(cfg, spec), seed=0, inference=client.lane(0))
     try:
