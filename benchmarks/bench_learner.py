@@ -38,7 +38,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from rapid.config import load_config
 from rapid.league import Tally
 from rapid.opt.buffer import ExperienceBuffer
 from rapid.opt.learner import Learner, allow_tf32, precision_settings
@@ -46,6 +45,7 @@ from rapid.roles.optimizer_loop import OptimizerLoop, Timing
 from rapid.roles.optimizer_parts import Parts
 from rapid.roles.startup import StopFlag, build_policy, env_spec
 from rapid.roles.steps import drive
+from rapid.run.config import load_config
 
 # name: (config, overrides, mean game length in decisions of one agent: how often a game starts in a sample)
 MODELS = {"moba-5v5": ("configs/moba-5v5.toml", ["model.hidden=256", "model.lstm=256"], 1200),

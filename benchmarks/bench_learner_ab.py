@@ -26,9 +26,9 @@ import torch
 sys.path.append(str(Path(__file__).resolve().parent))  # bench_learner beside this script
 from bench_learner import MODELS, make_batch  # noqa: E402
 
-from rapid.config import load_config
 from rapid.opt.learner import Learner
 from rapid.roles.startup import build_policy, env_spec
+from rapid.run.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -60,13 +60,13 @@ def tactics(run_dir: Path, games: int) -> str:
     opponent's immediate win, over ``games`` games against the lookahead bot (any two-player board game)."""
     import numpy as np
 
-    from rapid.config import load_config
     from rapid.envs.board_bots import blocking_moves, winning_moves
     from rapid.envs.pettingzoo_adapter import PettingZooVecEnv
     from rapid.envs.registry import make_env
     from rapid.infra.store import LocalStore
-    from rapid.matches import batch_size, make_player, play_match
-    from rapid.param_store import ParameterStore
+    from rapid.run.config import load_config
+    from rapid.run.matches import batch_size, make_player, play_match
+    from rapid.run.param_store import ParameterStore
 
     cfg = load_config(str(run_dir / "config.toml"), [])
     env = make_env(cfg.env.name, num_games=batch_size(games))

@@ -3,7 +3,7 @@
 Every game of a worker's vector env has its own opponent, and every distinct opponent policy is one more forward
 pass per step. With 64 games a worker and 80% of them against past snapshots, a pool of a few dozen snapshots
 can mean dozens of small forward passes a step where self-play needs one. This measures it with the real worker,
-league and opponent wiring (``rapid/opponents.py``) on a local store::
+league and opponent wiring (``rapid/rollout/opponents.py``) on a local store::
 
     OMP_NUM_THREADS=1 python benchmarks/bench_opponents.py [--config C] [--pools 0 4 16 48] [--slate 2]
 
@@ -21,14 +21,14 @@ import time
 import numpy as np
 import torch
 
-from rapid.config import load_config
 from rapid.envs.registry import make_env
 from rapid.infra.store import LocalStore
 from rapid.league import League
-from rapid.opponents import LeagueOpponents
-from rapid.param_store import ParameterStore
 from rapid.roles.startup import build_policy
-from rapid.rollout_worker import RolloutSettings, RolloutWorker
+from rapid.rollout.opponents import LeagueOpponents
+from rapid.rollout.worker import RolloutSettings, RolloutWorker
+from rapid.run.config import load_config
+from rapid.run.param_store import ParameterStore
 
 
 def bench(config: str, pool: int, seconds: float, slate: int) -> tuple[float, float]:

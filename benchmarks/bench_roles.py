@@ -16,12 +16,12 @@ import time
 import numpy as np
 import torch
 
-from rapid.config import load_config
 from rapid.envs.registry import make_env
 from rapid.monitoring.metrics import OptimizerMetrics, RolloutMetrics
 from rapid.opt.learner import Learner
 from rapid.roles.startup import build_policy
-from rapid.rollout_worker import RolloutSettings, RolloutWorker
+from rapid.rollout.worker import RolloutSettings, RolloutWorker
+from rapid.run.config import load_config
 
 CASES = [
     ("connect_four_v3", "configs/default.toml", []),

@@ -27,15 +27,15 @@ from pathlib import Path
 
 import torch
 
-from rapid.config import Config, load_config, to_toml
-from rapid.inference_client import NodeClient, ServerVersions, node_folder
-from rapid.inference_wire import SlotLayout
 from rapid.infra.store import LocalStore
-from rapid.node_cache import rollout_store
-from rapid.param_store import ParameterStore
 from rapid.roles.rollout import build_worker
 from rapid.roles.startup import build_policy, env_spec
-from rapid.store_map import read_run, write_layout
+from rapid.rollout.inference_client import NodeClient, ServerVersions, node_folder
+from rapid.rollout.inference_wire import SlotLayout
+from rapid.rollout.node_cache import rollout_store
+from rapid.run.config import Config, load_config, to_toml
+from rapid.run.param_store import ParameterStore
+from rapid.run.store_map import read_run, write_layout
 
 
 def _worker(config_path: str, seed: int, warmup_s: float, seconds: float, results) -> None:

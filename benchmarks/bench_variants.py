@@ -32,11 +32,11 @@ def judge(run_dir: Path, against: str, games: int, seed: int) -> None:
     """Print the newest version's greedy match against ``against`` and its per-side game stats."""
     import numpy as np
 
-    from rapid.config import load_config
     from rapid.envs.registry import make_env
     from rapid.infra.store import LocalStore
-    from rapid.matches import batch_size, make_player, play_match
-    from rapid.param_store import ParameterStore
+    from rapid.run.config import load_config
+    from rapid.run.matches import batch_size, make_player, play_match
+    from rapid.run.param_store import ParameterStore
 
     cfg = load_config(str(run_dir / "config.toml"), [])
     env = make_env(cfg.env.name, num_games=batch_size(games), seed=seed, options=cfg.env.options)

@@ -1,5 +1,5 @@
-"""The node inference server's metrics (``rapid/inference_server.py``): batch sizes, how long requests wait to be
-batched, and the share of time the device is busy deciding."""
+"""The node inference server's metrics (``rapid/rollout/inference_server.py``): batch sizes, how long requests wait
+to be batched, and the share of time the device is busy deciding."""
 
 from __future__ import annotations
 

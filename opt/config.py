@@ -1,6 +1,6 @@
 """The ``ppo`` config section: the learning settings with their defaults, docs and checks, in one place.
 
-rapid.config loads it as the section ``[ppo]``; the learner and the rollout worker take it as it is::
+rapid.run.config loads it as the section ``[ppo]``; the learner and the rollout worker take it as it is::
 
     ppo = PPOConfig(lr=1e-3)
     errors = ppo.errors()          # ["ppo.lr must be > 0 (got -1)", ...]; empty when usable

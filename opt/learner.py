@@ -7,10 +7,10 @@ none of them.
 Usage::
 
     >>> import numpy as np
-    >>> from rapid.config import Config, ModelConfig, RolloutConfig
+    >>> from rapid.run.config import Config, ModelConfig, RolloutConfig
     >>> from rapid.envs.registry import make_env
     >>> from rapid.roles.startup import build_policy
-    >>> from rapid.rollout_worker import RolloutSettings, RolloutWorker, SelfPlay
+    >>> from rapid.rollout.worker import RolloutSettings, RolloutWorker, SelfPlay
     >>> cfg = Config(model=ModelConfig(hidden=16, lstm=16), rollout=RolloutConfig(bptt=4, samples_per_segment=2))
     >>> env = make_env(cfg.env.name, num_games=2)
     >>> worker = RolloutWorker(env, build_policy(cfg, env.spec), RolloutSettings.of(cfg, env.spec), SelfPlay())

@@ -8,7 +8,7 @@ first use.
 __version__ = "0.1.0"
 
 _LAZY = {"train": "rapid.api", "load_policy": "rapid.api", "TrainedPolicy": "rapid.api",
-         "PettingZooAgent": "rapid.pz_agent"}
+         "PettingZooAgent": "rapid.agents.pz_agent"}
 
 
 def __getattr__(name: str):

@@ -6,7 +6,7 @@ them end to end. A policy is loaded from a run directory (its ``config.toml`` sa
 from a run's store URL with the run's config:
 
 >>> import tempfile
->>> from rapid.config import load_config
+>>> from rapid.run.config import load_config
 >>> from rapid.roles.startup import build_policy, env_spec
 >>> run = publish_untrained(load_config(None, ["model.hidden=16", "model.lstm=16"]), tempfile.mkdtemp())
 >>> policy = load_policy(run)                       # version="latest"; or 3, "3", "v3"
@@ -37,9 +37,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from rapid.config import Config, load_config
 from rapid.envs.base import EnvSpec, VecMultiAgentEnv
 from rapid.errors import UsageError
+from rapid.run.config import Config, load_config
 
 State = tuple[np.ndarray, np.ndarray]
 """An LSTM state (h, c), float32 [n, model.lstm] each: one row per agent."""
@@ -102,8 +102,8 @@ class TrainedPolicy:
         return make_env(self.env_name, num_games=num_games, seed=seed, options=self.config.env.options)
 
     def player(self, greedy: bool = False):
-        """A player for ``rapid.matches.play_match``: every agent of a side, its state reset at each game."""
-        from rapid.matches import PolicyPlayer
+        """A player for ``rapid.run.matches.play_match``: every agent of a side, its state reset at each game."""
+        from rapid.run.matches import PolicyPlayer
 
         return PolicyPlayer(self.model, self.spec, f"v{self.version}", greedy=greedy)
 
@@ -114,10 +114,10 @@ def load_policy(source: str | os.PathLike, version: int | str = "latest", *, con
     store folder) with ``config`` (the run's TOML, or a Config) saying its env and model. With ``env``, a
     run of another game is refused; a version whose shape does not fit the run's model (one from before a
     surgery) is refused too. Errors are UsageError, one line."""
-    from rapid.matches import load_policy as load_version
-    from rapid.matches import resolve_version
-    from rapid.param_store import ParameterStore
     from rapid.roles.startup import env_spec, open_run_store
+    from rapid.run.matches import load_policy as load_version
+    from rapid.run.matches import resolve_version
+    from rapid.run.param_store import ParameterStore
 
     cfg = source_config(source, config)
     if env is not None and env != cfg.env.name:
@@ -174,7 +174,7 @@ def train(config: Config | str | os.PathLike | None = None, minutes: float | Non
     if isinstance(config, Config):
         if overrides:
             raise UsageError("overrides go with a TOML config; set the Config's fields instead")
-        from rapid.config import build_config, to_dict
+        from rapid.run.config import build_config, to_dict
 
         cfg = build_config(to_dict(replace(config, run=replace(config.run, **run))))  # checked as a loaded one is
     else:
@@ -195,9 +195,9 @@ def train(config: Config | str | os.PathLike | None = None, minutes: float | Non
 def publish_untrained(cfg: Config, run_dir: str | os.PathLike, version: int = 1) -> Path:
     """A run directory holding ``cfg`` and one published version of a freshly initialized policy: what
     examples, tests and exports use where no training is needed."""
-    from rapid.config import to_toml
-    from rapid.param_store import ParameterStore
     from rapid.roles.startup import build_policy, env_spec, open_run_store
+    from rapid.run.config import to_toml
+    from rapid.run.param_store import ParameterStore
 
     cfg.run.dir = Path(run_dir).as_posix()
     Path(run_dir).mkdir(parents=True, exist_ok=True)

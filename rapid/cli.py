@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rapid import agent_cli
+from rapid.agents import cli as agent_cli
 from rapid.api import run_dir_config
 from rapid.errors import FormatError, UsageError
 
@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load(args: argparse.Namespace, extra: Sequence[str] = ()):
-    from rapid.config import load_config
+    from rapid.run.config import load_config
 
     return load_config(getattr(args, "config", None), [*args.set, *extra])
 
@@ -164,8 +164,8 @@ def cmd_train(args) -> int:
 
 
 def cmd_config(args) -> int:
-    from rapid.config import to_toml
-    from rapid.config_schema import describe
+    from rapid.run.config import to_toml
+    from rapid.run.config_schema import describe
 
     cfg = load(args)
     sys.stdout.write(describe(cfg) if args.doc else to_toml(cfg))
@@ -174,9 +174,9 @@ def cmd_config(args) -> int:
 
 def cmd_eval(args) -> int:
     from rapid.envs.registry import make_env
-    from rapid.matches import batch_size, make_player, play_match
-    from rapid.param_store import ParameterStore
     from rapid.roles.startup import open_run_store
+    from rapid.run.matches import batch_size, make_player, play_match
+    from rapid.run.param_store import ParameterStore
 
     if args.games < 1:
         raise UsageError("--games must be at least 1")
@@ -207,7 +207,7 @@ def cmd_role(args) -> int:
             seed = args.seed if args.seed is not None else rollout_seed(cfg.run.seed, worker, identity.rank)
             # Without MPI the metrics rank comes from the name: w<N> is rank N; any other name (a pod's) a stable
             # hash, not its digits (pods whose names share their digits wrote one metrics target file).
-            from rapid.store_map import shard_of
+            from rapid.run.store_map import shard_of
 
             numbered = re.fullmatch(r"w([0-9]{1,9})", worker, re.ASCII)
             rank = (identity.rank if identity.size > 1 else int(numbered.group(1)) if numbered
@@ -243,11 +243,11 @@ def cmd_role(args) -> int:
 
 
 def cmd_replay(args) -> int:
+    from rapid.agents.replay import write_replay
     from rapid.envs.moba import MobaVecEnv
-    from rapid.matches import make_player
-    from rapid.param_store import ParameterStore
-    from rapid.replay import write_replay
     from rapid.roles.startup import open_run_store
+    from rapid.run.matches import make_player
+    from rapid.run.param_store import ParameterStore
 
     cfg = run_dir_config(args.run_dir) if args.run_dir else load(argparse.Namespace(config=None, set=["env.name=moba"]))
     if cfg.env.name != "moba":
@@ -327,8 +327,8 @@ def _league_play_match(cfg, store):
     """Plays league members against each other for `rapid league rate`."""
     from rapid.envs.registry import make_env
     from rapid.league import League
-    from rapid.matches import PolicyPlayer, batch_size, play_match
     from rapid.roles.startup import build_policy
+    from rapid.run.matches import PolicyPlayer, batch_size, play_match
 
     league = League(store)
 
@@ -358,9 +358,9 @@ COMMANDS = {"train": cmd_train, "config": cmd_config, "eval": cmd_eval, "optimiz
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rapid.inference_client import InferenceUnavailable
     from rapid.infra.identity import LayoutError
     from rapid.infra.store import StoreError
+    from rapid.rollout.inference_client import InferenceUnavailable
 
     args = build_parser().parse_args(argv)
     try:

@@ -15,14 +15,14 @@ from pettingzoo.classic import connect_four_v3, tictactoe_v3
 
 import rapid
 from rapid.api import load_policy, publish_untrained
-from rapid.config import load_config
 from rapid.envs.moba.pz import MobaParallelEnv
 from rapid.envs.registry import make_env
 from rapid.errors import UsageError
 from rapid.infra.store import LocalStore
-from rapid.matches import PolicyPlayer
-from rapid.param_store import ParameterStore
 from rapid.roles.startup import build_policy, env_spec
+from rapid.run.config import load_config
+from rapid.run.matches import PolicyPlayer
+from rapid.run.param_store import ParameterStore
 
 TINY = ["model.hidden=16", "model.lstm=16"]
 MOBA = ["env.name=moba", "env.options.max_seconds=30", *TINY]
@@ -39,7 +39,7 @@ def test_rapid_exposes_the_api_lazily():
             "f = rapid.load_policy; assert 'rapid.api' in sys.modules; print(f.__module__, rapid.PettingZooAgent)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("rapid.api <class 'rapid.pz_agent.PettingZooAgent'>")
+    assert out.stdout.startswith("rapid.api <class 'rapid.agents.pz_agent.PettingZooAgent'>")
     with pytest.raises(AttributeError):
         rapid.no_such_thing  # noqa: B018
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from rapid.balance import Balancer, BalanceSettings, growth_paid, next_batch, overload_line, publish_due, rate
+from rapid.optimizer.balance import Balancer, BalanceSettings, growth_paid, next_batch, overload_line, publish_due, rate
 
 
 def test_batch_grows_with_backlog_and_shrinks_when_idle_within_bounds():

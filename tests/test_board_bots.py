@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 from pettingzoo.classic import connect_four_v3
 
-from rapid.config import Config
 from rapid.envs.board_bots import LookaheadBot, clone_game, lookahead_move
 from rapid.envs.registry import make_env
-from rapid.matches import PolicyPlayer, make_player, play_match
 from rapid.opt.model import Policy
+from rapid.run.config import Config
+from rapid.run.matches import PolicyPlayer, make_player, play_match
 
 C4 = "pettingzoo.classic.connect_four_v3"
 
@@ -71,7 +71,8 @@ def test_a_match_shows_its_watch_only_player_a_moves_in_games_that_count():
 
 
 def test_a_policy_player_steps_only_the_player_to_move_in_a_turn_based_game():
-    """As in training (rapid.decisions): the waiting player's LSTM state does not move on the opponent's turn."""
+    """As in training (rapid.rollout.decisions): the waiting player's LSTM state does not move on the opponent's
+    turn."""
     env = make_env(C4, num_games=3)
     player = PolicyPlayer(Policy(env.spec.obs_dim, env.spec.action_heads, hidden=8, lstm=8), env.spec, "p")
     step = env.reset(seed=0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from rapid.infra.store import LocalStore
-from rapid.param_store import ParameterStore
+from rapid.run.param_store import ParameterStore
 
 
 class Counting(LocalStore):
@@ -49,10 +49,10 @@ def test_keep_zero_keeps_everything(tmp_path):
 def test_a_long_runs_pool_document_and_snapshots_stop_growing(tmp_path):
     """Snapshots join every few versions for a long run: past the caps the lowest-quality ones retire, the
     oldest retired leave the document with their weights, and rating tables stay bounded."""
-    from rapid.config import Config, LeagueConfig
     from rapid.league import Tally
     from rapid.roles.league_keeper import LeagueKeeper
-    from rapid.store_map import POOL_POINTER
+    from rapid.run.config import Config, LeagueConfig
+    from rapid.run.store_map import POOL_POINTER
 
     store = LocalStore(tmp_path)
     params = ParameterStore(store)

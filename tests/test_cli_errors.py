@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from rapid.config import Config, ModelConfig, to_toml
 from rapid.envs.registry import make_env
 from rapid.infra.store import LocalStore
 from rapid.league.pool import League
 from rapid.league.state import ensure_bots
-from rapid.param_store import ParameterStore
 from rapid.roles.startup import build_policy
+from rapid.run.config import Config, ModelConfig, to_toml
+from rapid.run.param_store import ParameterStore
 
 BIN = Path(sys.executable).parent
 

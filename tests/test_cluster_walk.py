@@ -8,10 +8,10 @@ import os
 import subprocess
 import sys
 
-from rapid.config import Config, RunConfig, StoreConfig, load_config, to_toml
 from rapid.infra.distributed import Identity
 from rapid.monitoring import metrics as M
 from rapid.monitoring import prom
+from rapid.run.config import Config, RunConfig, StoreConfig, load_config, to_toml
 from tests.helpers import ROOT, rapid
 
 ALONE = Identity(0, 1, 0, 1, "h")
@@ -90,10 +90,10 @@ def test_monitor_writes_the_file_sd_list_without_a_prometheus(tmp_path):
 def _finished_run(store_dir, cfg) -> None:
     """A store as an optimizer leaves it at a clean stop: layout, a published version, a released lease."""
     from rapid.infra.store import LocalStore
-    from rapid.lease import RunLease
-    from rapid.param_store import ParameterStore
     from rapid.roles.startup import build_policy, env_spec
-    from rapid.store_map import write_layout
+    from rapid.run.lease import RunLease
+    from rapid.run.param_store import ParameterStore
+    from rapid.run.store_map import write_layout
 
     store = LocalStore(store_dir)
     write_layout(store, 1)

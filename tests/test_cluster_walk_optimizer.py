@@ -8,14 +8,14 @@ import time
 
 import numpy as np
 
-from rapid.balance import Balancer, BalanceSettings, Decision, overload_line
 from rapid.formats.experience import ExperienceBatch, Shape, encode_experience
 from rapid.infra.store import LocalStore, StoreError
-from rapid.loader import ExperienceLoader
 from rapid.monitoring.metrics import OptimizerMetrics
 from rapid.opt.buffer import ExperienceBuffer
+from rapid.optimizer.balance import Balancer, BalanceSettings, Decision, overload_line
+from rapid.optimizer.loader import ExperienceLoader
 from rapid.roles.optimizer_report import OptimizerReport
-from rapid.store_map import experience_key
+from rapid.run.store_map import experience_key
 
 SHAPE = Shape(bptt=4, obs_dim=3, mask_dim=2, heads=1, lstm=8)
 

@@ -10,7 +10,7 @@ import urllib.request
 from pathlib import Path
 
 from rapid.infra.store import LocalStore
-from rapid.param_store import ParameterStore
+from rapid.run.param_store import ParameterStore
 from tests.helpers import ROOT, wait_for
 from tests.slurm_cluster import slurm  # noqa: F401  (pytest finds fixtures by name)
 

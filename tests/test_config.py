@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rapid import config as C
 from rapid.errors import UsageError
+from rapid.run import config as C
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -225,7 +225,7 @@ def test_cli_config_show_prints_effective_config(tmp_path):
 
 
 def test_password_in_endpoint_url_is_redacted_in_show_and_saved_config(tmp_path):
-    from rapid.config import redact_url
+    from rapid.run.config import redact_url
 
     secret = "Pa55w0rdCanary"
     url = f"http://minio-user:{secret}@127.0.0.1:9000"

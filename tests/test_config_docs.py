@@ -8,10 +8,10 @@ import typing
 
 import pytest
 
-import rapid.config as C
-from rapid.config_schema import describe, field_docs
+import rapid.run.config as C
 from rapid.envs.moba import MobaConfig
 from rapid.errors import UsageError
+from rapid.run.config_schema import describe, field_docs
 from tests.helpers import rapid
 
 TYPED = "tests.pz_typed_options"

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rapid.balance import Balancer, BalanceSettings
 from rapid.formats.experience import Shape
 from rapid.infra.store import LocalStore
-from rapid.loader import ExperienceLoader
 from rapid.monitoring.metrics import OptimizerMetrics
 from rapid.opt.buffer import ExperienceBuffer
+from rapid.optimizer.balance import Balancer, BalanceSettings
+from rapid.optimizer.loader import ExperienceLoader
 from rapid.roles.curves import open_curves
 from rapid.roles.optimizer_report import OptimizerReport
 from tests.helpers import rapid

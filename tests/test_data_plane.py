@@ -10,16 +10,17 @@ import time
 import numpy as np
 import pytest
 
-from rapid.config import Config
 from rapid.errors import FormatError
 from rapid.formats.experience import ExperienceBatch, Shape, decode_experience, encode_experience
 from rapid.infra.store import LocalStore
 from rapid.league import League, Tally
-from rapid.loader import ExperienceLoader
 from rapid.opt.buffer import ExperienceBuffer
+from rapid.optimizer.loader import ExperienceLoader
 from rapid.roles.league_keeper import LeagueKeeper
-from rapid.rollout_worker import Segment
-from rapid.store_map import (
+from rapid.rollout.uploader import Uploader
+from rapid.rollout.worker import Segment
+from rapid.run.config import Config
+from rapid.run.store_map import (
     LAYOUT,
     experience_key,
     owned_shards,
@@ -28,7 +29,6 @@ from rapid.store_map import (
     shard_of,
     write_layout,
 )
-from rapid.uploader import Uploader
 
 SHAPE = Shape(bptt=2, obs_dim=3, mask_dim=2, heads=1, lstm=2)
 GAME = {"learner_version": 0, "opponent": "latest", "learner_side": 0, "winner": "learner", "length": 9,

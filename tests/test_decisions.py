@@ -1,10 +1,10 @@
-"""The rollout worker's trajectory builder (rapid.decisions) against hand-computed returns."""
+"""The rollout worker's trajectory builder (rapid.rollout.decisions) against hand-computed returns."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from rapid.decisions import Decisions
+from rapid.rollout.decisions import Decisions
 
 GAMMA = 0.9
 

@@ -27,8 +27,8 @@ from unittest import mock
 import pytest
 
 from rapid.cli import build_parser
-from rapid.config import Config
 from rapid.envs.registry import options_type
+from rapid.run.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 # docs/benchmarks-history.md keeps superseded figures with the commands of their day: history, not a claim.

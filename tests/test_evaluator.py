@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from rapid.config import load_config
 from rapid.roles.evaluator import eval_wait_s
+from rapid.run.config import load_config
 from tests.test_cluster_walk import _finished_run
 
 
@@ -16,9 +16,9 @@ def _evaluate_once(tmp_path, *overrides: str) -> list[dict]:
     """One evaluation round of a finished run with a snapshot in its pool; the rows it logged."""
     from rapid.infra.store import LocalStore
     from rapid.league import League
-    from rapid.param_store import ParameterStore
     from rapid.roles.evaluator import run_evaluator
     from rapid.roles.startup import StopFlag, build_policy, env_spec
+    from rapid.run.param_store import ParameterStore
 
     cfg = load_config(None, [f'run.dir="{tmp_path}"', "env.num_games=2", "model.hidden=16", "model.lstm=16",
                              "eval.games=4", "eval.interval_s=0.2", "metrics.enabled=false", *overrides])

@@ -19,9 +19,9 @@ import torch
 
 from rapid.api import TrainedPolicy, load_policy, publish_untrained
 from rapid.cli import main
-from rapid.config import load_config
 from rapid.infra.store import LocalStore
-from rapid.param_store import ParameterStore
+from rapid.run.config import load_config
+from rapid.run.param_store import ParameterStore
 from tests.helpers import ROOT
 
 STEPS = 100
@@ -187,7 +187,7 @@ def test_export_refusals_are_one_line(exported, tmp_path, monkeypatch, capsys):
             (["--run-dir", run, "--version", "7"], "parameter version 7 is not in the store"),
             (["--run-dir", run, "--out", str(tmp_path / "no" / "p.pt")], "no folder"),
             (["--run-dir", run, "--format", "onnx", "--out", str(tmp_path / "p.onnx")], "one ONNX file holds less")):
-        monkeypatch.setattr("rapid.export.ONNX_MAX_BYTES", 1000)  # this policy's weights are 130 kB
+        monkeypatch.setattr("rapid.agents.export.ONNX_MAX_BYTES", 1000)  # this policy's weights are 130 kB
         assert main(["export", "--out", str(tmp_path / "p.pt"), *args]) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err

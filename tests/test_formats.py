@@ -15,14 +15,15 @@ import numpy as np
 import pytest
 import torch
 
-from rapid import checkpoints, store_map
 from rapid.errors import FormatError
 from rapid.formats import checkpoint as ckpt_mod
 from rapid.formats import codec, experience, params
 from rapid.formats.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
 from rapid.formats.experience import ExperienceBatch, Shape, decode_experience, encode_experience
 from rapid.formats.params import ParamsObject, decode_params, encode_params
-from rapid.param_store import ParameterStore
+from rapid.optimizer import checkpoints
+from rapid.run import store_map
+from rapid.run.param_store import ParameterStore
 
 torch.set_num_threads(1)
 
@@ -561,10 +562,11 @@ class _Evil:
         return (open, (self.path, "w"))
 
 
-@pytest.mark.parametrize("module", ["rapid/formats/codec.py", "rapid/formats/experience.py", "rapid/formats/params.py",
-                                    "rapid/formats/checkpoint.py", "rapid/loader.py", "rapid/uploader.py",
-                                    "rapid/param_store.py", "rapid/checkpoints.py", "rapid/store_map.py",
-                                    "infra/store.py"])
+@pytest.mark.parametrize("module", ["rapid/formats/codec.py", "rapid/formats/experience.py",
+                                    "rapid/formats/params.py", "rapid/formats/checkpoint.py",
+                                    "rapid/optimizer/loader.py", "rapid/rollout/uploader.py",
+                                    "rapid/run/param_store.py", "rapid/optimizer/checkpoints.py",
+                                    "rapid/run/store_map.py", "infra/store.py"])
 def test_data_path_modules_do_not_use_pickle(module):
     tree = ast.parse((ROOT / module).read_text())
     for node in ast.walk(tree):

@@ -167,8 +167,8 @@ def poller_on(tmp_path, **kw):
     import logging
 
     from rapid.infra.store import LocalStore
-    from rapid.param_store import ParameterStore
     from rapid.roles.rollout import ParamPoller
+    from rapid.run.param_store import ParameterStore
 
     store = LocalStore(tmp_path / "run")
     params = ParameterStore(store)
@@ -185,7 +185,7 @@ def tensors(x: float) -> dict:
 def plant(store, version: int, data: bytes | None = None, fifo: bool = False) -> None:
     import os
 
-    from rapid.store_map import PARAMS_LATEST, params_key, write_version_pointer
+    from rapid.run.store_map import PARAMS_LATEST, params_key, write_version_pointer
 
     if fifo:
         path = store.root / params_key(version)
@@ -237,7 +237,7 @@ def test_poller_falls_back_to_the_newest_good_version_below_a_bad_latest(tmp_pat
     try:
         assert wait_for(poller.take)[0] == 0
         from rapid.formats.params import ParamsObject, encode_params
-        from rapid.store_map import params_key
+        from rapid.run.store_map import params_key
 
         for v in (1, 2):  # published objects whose pointer move was never seen
             store.put(params_key(v), encode_params(ParamsObject(v, tensors(v))))
@@ -307,8 +307,8 @@ def test_loader_skips_oversized_fifo_and_linked_objects_and_loads_the_rest(tmp_p
     import os
 
     from rapid.infra.store import LocalStore
-    from rapid.loader import ExperienceLoader
     from rapid.opt.buffer import ExperienceBuffer
+    from rapid.optimizer.loader import ExperienceLoader
 
     store = LocalStore(tmp_path)
     store.put("experience/s0000/1-w0-a-00000001.rxp", encode_experience(good_batch()))

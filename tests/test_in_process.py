@@ -11,9 +11,9 @@ import pytest
 
 from rapid.errors import UsageError
 from rapid.infra.store import LocalStore
-from rapid.param_store import ParameterStore
 from rapid.roles.launcher import ThreadRole
 from rapid.roles.startup import StopFlag
+from rapid.run.param_store import ParameterStore
 from tests.helpers import check_beats_random, kill_group, rapid, start_rapid, wait_for
 from tests.test_train_e2e import FAST
 

@@ -105,3 +105,24 @@ def test_architecture_doc_names_only_files_that_exist():
     paths = set(re.findall(r"`((?:rapid|envs|opt|infra|monitoring|tests|docs)/[\w/.-]+)`", text))
     assert len(paths) > 30
     assert sorted(p for p in paths if not (ROOT / p).exists()) == []
+
+
+# rapid/ by side: what each side's package must not import (the shared run package imports neither side).
+SIDES = {"rapid.rollout": ("rapid.optimizer",), "rapid.optimizer": ("rapid.rollout",),
+         "rapid.run": ("rapid.rollout", "rapid.optimizer")}
+
+
+def test_the_rollout_and_optimizer_sides_never_import_each_other():
+    folders = package_folders()
+    bad = []
+    for side, forbidden in SIDES.items():
+        for path in folders[side].rglob("*.py"):
+            for name in _project_imports(path):
+                if any(name == f or name.startswith(f + ".") for f in forbidden):
+                    bad.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert bad == []
+
+
+def test_rapid_holds_packages_and_a_handful_of_modules():
+    """A newcomer finds a role's parts by folder: rollout/, optimizer/, run/ (shared), agents/, roles/ (the mains)."""
+    assert sorted(p.name for p in (ROOT / "rapid").glob("*.py")) == ["__init__.py", "api.py", "cli.py", "errors.py"]

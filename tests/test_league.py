@@ -9,7 +9,6 @@ import threading
 import numpy as np
 import pytest
 
-from rapid.config import LeagueConfig, load_config
 from rapid.errors import FormatError, UsageError
 from rapid.formats.params import ParamsObject
 from rapid.infra.store import LocalStore
@@ -34,8 +33,9 @@ from rapid.league.state import (
     foreign_id,
     version_id,
 )
-from rapid.param_store import ParameterStore
-from rapid.store_map import POOL_POINTER, params_key, pool_revision_key, snapshot_key
+from rapid.run.config import LeagueConfig, load_config
+from rapid.run.param_store import ParameterStore
+from rapid.run.store_map import POOL_POINTER, params_key, pool_revision_key, snapshot_key
 from tests.s3_server import s3_server, s3_store  # noqa: F401  (fixtures)
 
 

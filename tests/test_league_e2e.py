@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rapid.config import load_config
 from rapid.envs.base import RandomBot
 from rapid.envs.registry import make_env
 from rapid.formats.experience import Shape, decode_experience
 from rapid.infra.store import LocalStore
 from rapid.league import League
 from rapid.roles.startup import build_policy
-from rapid.rollout_worker import Opponent, RolloutSettings, RolloutWorker
+from rapid.rollout.worker import Opponent, RolloutSettings, RolloutWorker
+from rapid.run.config import load_config
 from tests.helpers import rapid
 
 C4 = "pettingzoo.classic.connect_four_v3"
@@ -103,7 +103,7 @@ def test_league_commands_on_an_s3_run(s3_store, s3_server, tmp_path):
     import os
     import subprocess
 
-    from rapid.param_store import ParameterStore
+    from rapid.run.param_store import ParameterStore
     from tests.helpers import RAPID, ROOT
     from tests.s3_server import DUMMY_CREDENTIALS
 

@@ -12,7 +12,6 @@ import json
 import numpy as np
 import pytest
 
-from rapid.config import LeagueConfig
 from rapid.errors import UsageError
 from rapid.formats.params import ParamsObject
 from rapid.infra.store import LocalStore, StoreError
@@ -29,9 +28,10 @@ from rapid.league.state import (
     load_pool,
     version_id,
 )
-from rapid.matches import resolve_version
-from rapid.param_store import ParameterStore
-from rapid.store_map import (
+from rapid.run.config import LeagueConfig
+from rapid.run.matches import resolve_version
+from rapid.run.param_store import ParameterStore
+from rapid.run.store_map import (
     load_json,
     parse_params_key,
     parse_pool_revision_key,

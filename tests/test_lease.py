@@ -11,12 +11,12 @@ import threading
 
 import pytest
 
-from rapid.config import load_config, to_toml
 from rapid.errors import UsageError
 from rapid.infra.store import LocalStore
-from rapid.lease import LeaseHeld, RunLease
 from rapid.roles.startup import StopFlag
-from rapid.store_map import LEASE_PREFIX, lease_key
+from rapid.run.config import load_config, to_toml
+from rapid.run.lease import LeaseHeld, RunLease
+from rapid.run.store_map import LEASE_PREFIX, lease_key
 from tests.helpers import RAPID, ROOT, wait_for
 from tests.s3_server import DUMMY_CREDENTIALS, s3_server, s3_store  # noqa: F401  (fixtures)
 

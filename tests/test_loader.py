@@ -9,11 +9,11 @@ import time
 import numpy as np
 import pytest
 
-from rapid.decode_pool import Decoded, DecodePool, Rejected, auto_workers
 from rapid.formats.experience import Shape, encode_experience
 from rapid.infra.store import LocalStore
-from rapid.loader import ExperienceLoader
 from rapid.opt.buffer import ExperienceBuffer
+from rapid.optimizer.decode_pool import Decoded, DecodePool, Rejected, auto_workers
+from rapid.optimizer.loader import ExperienceLoader
 from tests.test_scale_mpi import make_experience
 
 SHAPE = Shape(bptt=4, obs_dim=3, mask_dim=2, heads=1, lstm=5)
@@ -69,7 +69,7 @@ def test_no_exception_kills_the_loader_thread(tmp_path, monkeypatch):
     loader.start()
     try:
         assert wait_for(lambda: loader.stats.objects == 1 and loader.stats.bad_objects == 1)
-        import rapid.decode_pool as pool
+        import rapid.optimizer.decode_pool as pool
 
         def explode(data, shape):
             raise MemoryError
@@ -138,7 +138,7 @@ def test_auto_decode_workers(cpus, expected):
 
 OWNER = """
 import os, sys, time
-from rapid.decode_pool import DecodePool
+from rapid.optimizer.decode_pool import DecodePool
 from tests.test_loader import SHAPE, put
 from rapid.infra.store import LocalStore
 pool = DecodePool(SHAPE, workers=1)

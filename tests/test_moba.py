@@ -8,14 +8,14 @@ import pytest
 from pettingzoo.test import parallel_api_test, parallel_seed_test
 from PIL import Image
 
-from rapid.config import load_config
+from rapid.agents.replay import write_replay
 from rapid.envs.base import head_offsets
 from rapid.envs.moba import MobaVecEnv
 from rapid.envs.moba.config import ATTACK, HEAL, NOOP, NUKE, STUN
 from rapid.envs.moba.pz import MobaParallelEnv
 from rapid.envs.moba.render import render_frame, write_gif
-from rapid.matches import play_match
-from rapid.replay import write_replay
+from rapid.run.config import load_config
+from rapid.run.matches import play_match
 from tests.helpers import rapid
 
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from rapid.infra.store import KeyNotFound, LocalStore
-from rapid.node_cache import NodeCachedStore, rollout_store
-from rapid.param_store import ParameterStore
+from rapid.rollout.node_cache import NodeCachedStore, rollout_store
+from rapid.run.param_store import ParameterStore
 
 
 class LoggedStore(LocalStore):

@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 import torch
 
-from rapid.config import Config, EnvConfig, ModelConfig, RolloutConfig
 from rapid.envs.registry import make_env
-from rapid.inference import ActResult, LocalInference, inference_mode
-from rapid.inference_client import InferenceUnavailable, NodeClient, ServerVersions
-from rapid.inference_server import InferenceServer
-from rapid.inference_wire import SlotLayout, socket_address
 from rapid.roles.startup import StopFlag, build_policy
-from rapid.rollout_worker import Lanes, RolloutSettings, RolloutWorker
+from rapid.rollout.inference import ActResult, LocalInference, inference_mode
+from rapid.rollout.inference_client import InferenceUnavailable, NodeClient, ServerVersions
+from rapid.rollout.inference_server import InferenceServer
+from rapid.rollout.inference_wire import SlotLayout, socket_address
+from rapid.rollout.worker import Lanes, RolloutSettings, RolloutWorker
+from rapid.run.config import Config, EnvConfig, ModelConfig, RolloutConfig
 
 C4 = "pettingzoo.classic.connect_four_v3"
 
@@ -256,7 +256,7 @@ def test_auto_inference_is_node_where_a_gpu_is_visible():
 def test_a_rollout_worker_whose_node_server_cannot_start_says_why_in_one_line(tmp_path):
     """A real `rapid rollout` starts a real `rapid inference`, which refuses a CUDA device this machine lacks."""
     from rapid.infra.store import LocalStore
-    from rapid.store_map import write_layout
+    from rapid.run.store_map import write_layout
     from tests.helpers import rapid
 
     run = tmp_path / "run"

@@ -8,15 +8,15 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from rapid.config import Config, LeagueConfig, ModelConfig
 from rapid.envs.registry import make_env
 from rapid.infra.store import LocalStore
 from rapid.league import League
 from rapid.league.sampling import past_probabilities
 from rapid.league.state import version_id
-from rapid.opponents import LeagueOpponents
-from rapid.param_store import ParameterStore
 from rapid.roles.startup import build_policy
+from rapid.rollout.opponents import LeagueOpponents
+from rapid.run.config import Config, LeagueConfig, ModelConfig
+from rapid.run.param_store import ParameterStore
 
 QUALITY = {1: 0.0, 2: 1.0, 3: 2.0, 4: 0.5, 5: -1.0, 6: 1.5}  # p ∝ exp(q): from 1% to 45% of the past games
 

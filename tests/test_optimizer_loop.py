@@ -7,14 +7,14 @@ import logging
 import time
 
 import rapid.roles.optimizer as optimizer
-from rapid.config import load_config
 from rapid.formats.experience import encode_experience
 from rapid.infra.store import LocalStore
-from rapid.loader import ExperienceLoader
 from rapid.monitoring.logs import read_jsonl
-from rapid.param_store import ParameterStore
+from rapid.optimizer.loader import ExperienceLoader
 from rapid.roles.startup import StopFlag
-from rapid.store_map import experience_key
+from rapid.run.config import load_config
+from rapid.run.param_store import ParameterStore
+from rapid.run.store_map import experience_key
 from tests.test_scale_mpi import connect_four_shape, make_experience
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rapid.progress import balance_lines
+from rapid.run.progress import balance_lines
 
 
 def test_summary_reports_use_waste_reuse_and_staleness():

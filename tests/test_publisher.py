@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from rapid.publisher import BackgroundWriter
+from rapid.optimizer.publisher import BackgroundWriter
 
 
 def test_jobs_run_in_order_and_close_drains():

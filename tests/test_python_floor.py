@@ -1,6 +1,6 @@
 """The Python floor that pyproject.toml declares admits no version the code cannot import on: every stdlib module,
 name and grammar the installed packages and the benchmarks use exists at the floor, and the README says the same
-floor. (On 3.10, `import tomllib` in rapid/config.py failed every command of an install pip allowed.)"""
+floor. (On 3.10, `import tomllib` in rapid/run/config.py failed every command of an install pip allowed.)"""
 
 from __future__ import annotations
 

@@ -19,17 +19,17 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rapid.checkpoints import checkpoint_versions
-from rapid.config import load_config
 from rapid.formats.checkpoint import Checkpoint
 from rapid.infra.store import LocalStore
 from rapid.league import Tally
-from rapid.publisher import BackgroundWriter
+from rapid.optimizer.checkpoints import checkpoint_versions
+from rapid.optimizer.publisher import BackgroundWriter
 from rapid.roles.lockstep import Agreement, wait_round_s
 from rapid.roles.optimizer_loop import OptimizerLoop, Timing
 from rapid.roles.optimizer_parts import Parts
 from rapid.roles.startup import StopFlag
 from rapid.roles.steps import AllGather, AllReduce, Sleep, Until
+from rapid.run.config import load_config
 
 TIMEOUT_S = 4.0
 LOG = logging.getLogger("test-ranks-agree")

@@ -24,12 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from rapid.checkpoints import checkpoint_versions, load_checkpoint, load_latest_checkpoint
-from rapid.config import load_config
 from rapid.formats.experience import encode_experience
 from rapid.infra.store import LocalStore
-from rapid.param_store import ParameterStore
-from rapid.store_map import checkpoint_key, experience_key
+from rapid.optimizer.checkpoints import checkpoint_versions, load_checkpoint, load_latest_checkpoint
+from rapid.run.config import load_config
+from rapid.run.param_store import ParameterStore
+from rapid.run.store_map import checkpoint_key, experience_key
 from tests.mpi_scripts.optimizer_ranks import digest
 from tests.test_scale_mpi import SCRIPTS, child_env, connect_four_shape, make_experience, mpiexec
 

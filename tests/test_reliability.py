@@ -21,8 +21,6 @@ import numpy as np
 import pytest
 import torch
 
-from rapid.checkpoints import load_latest_checkpoint
-from rapid.config import load_config, to_toml
 from rapid.errors import FormatError
 from rapid.formats import codec, experience
 from rapid.formats.experience import decode_experience, encode_experience
@@ -34,9 +32,11 @@ from rapid.monitoring.logs import read_jsonl
 from rapid.opt.config import PPOConfig
 from rapid.opt.learner import Learner
 from rapid.opt.model import Policy
-from rapid.param_store import ParameterStore
+from rapid.optimizer.checkpoints import load_latest_checkpoint
 from rapid.roles.startup import env_spec
-from rapid.store_map import params_key
+from rapid.run.config import load_config, to_toml
+from rapid.run.param_store import ParameterStore
+from rapid.run.store_map import params_key
 from tests.helpers import RAPID, ROOT, alive, rapid, wait_for, worker_keys
 from tests.s3_server import DUMMY_CREDENTIALS, free_port, start_moto_server, stop
 

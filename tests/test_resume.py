@@ -2,7 +2,7 @@
 
 The end-to-end tests copy one finished real run (`rapid train`, LocalStore), damage its store the way a
 kill or a bad update would, and resume it with the real command. The unit tests drive
-:func:`rapid.checkpoints.resume_point` with a real policy and Adam.
+:func:`rapid.optimizer.checkpoints.resume_point` with a real policy and Adam.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import numpy as np
 import pytest
 import torch
 
-from rapid.checkpoints import check_checkpoint, load_checkpoint, resume_point, save_checkpoint
-from rapid.config import load_config
 from rapid.errors import FormatError, UsageError
 from rapid.formats import codec
 from rapid.formats.checkpoint import FORMAT as CHECKPOINT_FORMAT
@@ -25,10 +23,12 @@ from rapid.formats.checkpoint import Checkpoint, decode_checkpoint, encode_check
 from rapid.formats.params import ParamsObject, encode_params
 from rapid.infra.store import LocalStore
 from rapid.opt.model import Policy
-from rapid.param_store import ParameterStore
+from rapid.optimizer.checkpoints import check_checkpoint, load_checkpoint, resume_point, save_checkpoint
 from rapid.roles import optimizer as optimizer_role
 from rapid.roles.startup import StopFlag
-from rapid.store_map import CHECKPOINTS_LATEST, checkpoint_key, params_key, write_version_pointer
+from rapid.run.config import load_config
+from rapid.run.param_store import ParameterStore
+from rapid.run.store_map import CHECKPOINTS_LATEST, checkpoint_key, params_key, write_version_pointer
 from tests.helpers import rapid
 
 SMALL = ["env.num_games=16", "model.hidden=32", "model.lstm=32", "model.encoder_layers=1", "rollout.bptt=8",

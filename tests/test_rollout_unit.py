@@ -12,13 +12,13 @@ import torch
 from rapid.envs.pettingzoo_adapter import PettingZooVecEnv
 from rapid.formats.experience import ExperienceBatch, Shape, decode_experience, encode_experience
 from rapid.infra.store import LocalStore
-from rapid.loader import ExperienceLoader
 from rapid.opt.buffer import ExperienceBuffer
 from rapid.opt.config import PPOConfig
 from rapid.opt.learner import Learner
 from rapid.opt.model import Policy
-from rapid.rollout_worker import RolloutSettings, RolloutWorker
-from rapid.uploader import Uploader
+from rapid.optimizer.loader import ExperienceLoader
+from rapid.rollout.uploader import Uploader
+from rapid.rollout.worker import RolloutSettings, RolloutWorker
 
 torch.set_num_threads(1)
 BPTT, LSTM = 8, 16
@@ -238,7 +238,7 @@ def test_uploader_backlog_stat_after_failed_flush(tmp_path, segments):
 
 def test_settings_are_a_view_of_the_config():
     """The worker's settings come from the config's sections and the env's step length, in one place."""
-    from rapid.config import load_config
+    from rapid.run.config import load_config
 
     cfg = load_config("configs/default.toml", overrides=["ppo.horizon_s=25", "rollout.bptt=8"])
     env = PettingZooVecEnv("pettingzoo.classic.connect_four_v3", num_games=1)
@@ -275,8 +275,8 @@ def test_a_game_cut_at_a_time_limit_bootstraps_where_the_agent_cannot_see_the_cl
 def test_the_worker_mixes_rewards_with_the_team_spirit_its_version_was_stamped_with(monkeypatch):
     """The optimizer's team-spirit schedule reaches the games through each version's meta; a version without one,
     or with a value that is no team spirit, is played with the config's."""
-    from rapid import rollout_worker
     from rapid.envs.moba import MobaVecEnv
+    from rapid.rollout import worker as rollout_worker
 
     used = []
     mix = rollout_worker.losses.mix_rewards

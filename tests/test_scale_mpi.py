@@ -21,18 +21,18 @@ import boto3
 import numpy as np
 import pytest
 
-from rapid.checkpoints import load_latest_checkpoint
-from rapid.config import load_config
 from rapid.formats.experience import ExperienceBatch, Shape, decode_experience, encode_experience
 from rapid.infra.s3 import S3Store
 from rapid.infra.store import LocalStore
 from rapid.league import League
-from rapid.loader import ExperienceLoader
 from rapid.monitoring.logs import read_jsonl
 from rapid.opt.buffer import ExperienceBuffer
-from rapid.param_store import ParameterStore
+from rapid.optimizer.checkpoints import load_latest_checkpoint
+from rapid.optimizer.loader import ExperienceLoader
 from rapid.roles.startup import env_spec
-from rapid.store_map import experience_key, parse_experience_shard, shard_of, shard_owner
+from rapid.run.config import load_config
+from rapid.run.param_store import ParameterStore
+from rapid.run.store_map import experience_key, parse_experience_shard, shard_of, shard_owner
 from tests.helpers import wait_for
 from tests.mpi_scripts.optimizer_ranks import digest
 from tests.s3_server import DUMMY_CREDENTIALS
@@ -335,7 +335,7 @@ def test_retention_deletes_this_ranks_loaded_objects_and_nothing_else(s3_store):
 def test_retention_logs_what_it_removed(s3_store, caplog):
     keys = _put_experience(s3_store, TINY, 6, shards=1)
     loader = ExperienceLoader(s3_store, TINY, ExperienceBuffer(100, 10**9), retention_s=0.01)
-    caplog.set_level("INFO", logger="rapid.loader")
+    caplog.set_level("INFO", logger="rapid.optimizer.loader")
     loader.poll_once()
     time.sleep(0.05)
     loader.poll_once()

@@ -11,13 +11,13 @@ import threading
 import pytest
 import torch
 
-from rapid.checkpoints import resume_point
 from rapid.errors import FormatError, UsageError
 from rapid.formats.checkpoint import decode_checkpoint, encode_checkpoint
 from rapid.infra.store import LocalStore, StoreError
-from rapid.param_store import ParameterStore
+from rapid.optimizer.checkpoints import resume_point
 from rapid.roles.start_point import agree_on_start, state_digest
-from rapid.store_map import CHECKPOINTS_LATEST, checkpoint_key, write_version_pointer
+from rapid.run.param_store import ParameterStore
+from rapid.run.store_map import CHECKPOINTS_LATEST, checkpoint_key, write_version_pointer
 from tests.test_resume import ckpt_of, trained
 
 LOG = logging.getLogger("test-start-point")

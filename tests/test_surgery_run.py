@@ -15,17 +15,17 @@ import numpy as np
 import pytest
 import torch
 
-from rapid.checkpoints import load_latest_checkpoint, resume_point
-from rapid.config import load_config
 from rapid.envs.registry import make_env
 from rapid.errors import UsageError
 from rapid.infra.store import LocalStore, Store
 from rapid.league import League
-from rapid.lease import RunLease
-from rapid.opponents import LeagueOpponents
-from rapid.param_store import ParameterStore
+from rapid.optimizer.checkpoints import load_latest_checkpoint, resume_point
 from rapid.roles.startup import build_policy, env_spec
-from rapid.store_map import surgery_states
+from rapid.rollout.opponents import LeagueOpponents
+from rapid.run.config import load_config
+from rapid.run.lease import RunLease
+from rapid.run.param_store import ParameterStore
+from rapid.run.store_map import surgery_states
 from rapid.surgery import run_store
 from rapid.surgery.__main__ import main as surgery
 from tests.helpers import rapid

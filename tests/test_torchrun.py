@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rapid.config import load_config
 from rapid.formats.experience import encode_experience
 from rapid.infra.store import LocalStore
 from rapid.monitoring.logs import read_jsonl
-from rapid.param_store import ParameterStore
-from rapid.store_map import experience_key
+from rapid.run.config import load_config
+from rapid.run.param_store import ParameterStore
+from rapid.run.store_map import experience_key
 from tests.test_distributed import clean_env
 from tests.test_scale_mpi import connect_four_shape, make_experience
 

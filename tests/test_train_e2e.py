@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rapid.infra.store import LocalStore
 from rapid.monitoring.logs import read_jsonl
-from rapid.param_store import ParameterStore
+from rapid.run.param_store import ParameterStore
 from tests.helpers import alive, check_beats_random, kill_group, rapid, start_rapid, wait_for
 
 FAST = ["--set", "rollout.upload_interval_s=1.0", "--set", "env.num_games=32", "--set", "eval.interval_s=5",

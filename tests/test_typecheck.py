@@ -10,7 +10,7 @@ from tests.typecheck import LAYOUT, ROOT, build_layout, real_path
 
 BAD = '''\
 from rapid.envs.base import VecMultiAgentEnv  # a folder package-dir maps into rapid: the layout must find it
-from rapid.param_store import ParameterStore
+from rapid.run.param_store import ParameterStore
 
 
 def publish_every_version(store, env):  # no annotations: checked only with check_untyped_defs

@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rapid.checkpoints import save_checkpoint
 from rapid.errors import FormatError
 from rapid.formats import codec
 from rapid.formats.checkpoint import Checkpoint, decode_checkpoint
@@ -20,8 +19,9 @@ from rapid.formats.params import ParamsObject, decode_params, encode_params
 from rapid.infra.store import LocalStore
 from rapid.league.pool import League
 from rapid.league.state import Member, PoolFormatError, Rating, ensure_bots, load_pool
-from rapid.param_store import ParameterStore
-from rapid.store_map import (
+from rapid.optimizer.checkpoints import save_checkpoint
+from rapid.run.param_store import ParameterStore
+from rapid.run.store_map import (
     CHECKPOINTS_LATEST,
     LAYOUT,
     loader_mark_key,
@@ -240,8 +240,8 @@ def test_pool_document_written_is_the_one_read(store):
 
 
 def test_uploader_never_uploads_what_readers_refuse_and_goes_on_sealing(store):
-    from rapid.rollout_worker import Segment
-    from rapid.uploader import Uploader
+    from rapid.rollout.uploader import Uploader
+    from rapid.rollout.worker import Segment
 
     up = Uploader(store, worker="w0", interval_s=60, max_backlog=8, shards=1)
     up.add(Segment(batch(obs=np.full((2, 3, 4), np.nan, np.float32)).arrays, opponents=["latest"]))

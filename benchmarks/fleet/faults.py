@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rapid.infra.store import Store, StoreError
-from rapid.param_store import ParameterStore
-from rapid.store_map import PARAMS_LATEST
+from rapid.run.param_store import ParameterStore
+from rapid.run.store_map import PARAMS_LATEST
 
 from .standins import StoreWrapper
 

@@ -26,22 +26,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rapid.config import Config, LeagueConfig, OptimizerConfig, RolloutConfig, RunConfig
 from rapid.formats.experience import Shape
 from rapid.league import League, OpponentSampler
-from rapid.loader import ExperienceLoader
-from rapid.node_cache import NodeCachedStore
 from rapid.opt.buffer import ExperienceBuffer
-from rapid.param_store import ParameterStore
-from rapid.publisher import BackgroundWriter
+from rapid.optimizer.loader import ExperienceLoader
+from rapid.optimizer.publisher import BackgroundWriter
 from rapid.roles.league_keeper import LeagueKeeper
 from rapid.roles.optimizer_loop import OptimizerLoop, Timing, version_meta
 from rapid.roles.optimizer_parts import Parts
 from rapid.roles.rollout import ParamPoller
 from rapid.roles.rollout_loop import RolloutLoop
-from rapid.run_watch import RunWatch
-from rapid.store_map import PARAMS_LATEST, POOL_POINTER, read_layout, write_layout
-from rapid.uploader import Uploader
+from rapid.rollout.node_cache import NodeCachedStore
+from rapid.rollout.uploader import Uploader
+from rapid.run.config import Config, LeagueConfig, OptimizerConfig, RolloutConfig, RunConfig
+from rapid.run.param_store import ParameterStore
+from rapid.run.run_watch import RunWatch
+from rapid.run.store_map import PARAMS_LATEST, POOL_POINTER, read_layout, write_layout
 
 from .drive import Group, Links, loop_actor
 from .faults import Faults
@@ -58,7 +58,7 @@ QUIET.setLevel(logging.CRITICAL)  # thousands of simulated processes: failures a
 
 
 def sample_arrays(n: int) -> dict[str, np.ndarray]:
-    """Arrays of ``n`` valid samples of SHAPE (as rapid/loader.py's docstring builds them)."""
+    """Arrays of ``n`` valid samples of SHAPE (as rapid/optimizer/loader.py's docstring builds them)."""
     arrays = {name: np.zeros((n, *dims), dtype) for name, (dtype, dims) in SHAPE.fields().items()}
     arrays["mask"][:] = True
     arrays["active"][:] = True

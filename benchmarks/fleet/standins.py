@@ -17,7 +17,7 @@ import torch
 from rapid.errors import FormatError
 from rapid.formats.checkpoint import Checkpoint
 from rapid.infra.store import Store, StoreError
-from rapid.rollout_worker import Segment
+from rapid.rollout.worker import Segment
 
 from .drive import Links
 from .store import family

@@ -1,5 +1,5 @@
 """Checkpoint objects: model, normalizers, Adam state and counters, in the msgpack codec (no pickle).
-Encode and decode only; :mod:`rapid.checkpoints` saves and loads them."""
+Encode and decode only; :mod:`rapid.optimizer.checkpoints` saves and loads them."""
 
 from __future__ import annotations
 

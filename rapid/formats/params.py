@@ -1,5 +1,5 @@
 """Parameter objects: one immutable published version of the policy's weights (and its normalizer
-statistics, which are buffers of the model). Encode and decode only; :mod:`rapid.param_store` stores them."""
+statistics, which are buffers of the model). Encode and decode only; :mod:`rapid.run.param_store` stores them."""
 
 from __future__ import annotations
 

@@ -46,8 +46,8 @@ from rapid.league.state import (
     set_flag,
     version_id,
 )
-from rapid.param_store import ParameterStore
-from rapid.store_map import params_key, parse_version_text, snapshot_key
+from rapid.run.param_store import ParameterStore
+from rapid.run.store_map import params_key, parse_version_text, snapshot_key
 
 EXPORT_FORMAT = "rapid.league_export"
 EXPORT_VERSION = 1

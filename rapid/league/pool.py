@@ -68,8 +68,8 @@ from rapid.league.state import (
     retire_overflow,
     version_id,
 )
-from rapid.param_store import ParameterStore
-from rapid.store_map import (
+from rapid.run.param_store import ParameterStore
+from rapid.run.store_map import (
     POOL_POINTER,
     POOL_REVISIONS_PREFIX,
     params_key,

@@ -12,9 +12,9 @@ Missing categories (no bots, no snapshots) give their share to the latest policy
 Usage in a rollout worker::
 
     >>> import tempfile
-    >>> from rapid.config import LeagueConfig
+    >>> from rapid.run.config import LeagueConfig
     >>> from rapid.infra.store import LocalStore
-    >>> from rapid.param_store import ParameterStore
+    >>> from rapid.run.param_store import ParameterStore
     >>> store = LocalStore(tempfile.mkdtemp())
     >>> ParameterStore(store).publish(42, {"w": np.zeros(2, np.float32)})
     >>> league = League(store)
@@ -42,12 +42,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rapid.config import LeagueConfig
 from rapid.errors import FormatError
 from rapid.formats.params import ParamsObject
 from rapid.infra.store import StoreError
 from rapid.league.pool import League
 from rapid.league.state import Member, PoolState
+from rapid.run.config import LeagueConfig
 
 LATEST = "latest"
 

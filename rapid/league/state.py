@@ -13,7 +13,7 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 
 from rapid.errors import FormatError
-from rapid.store_map import load_json
+from rapid.run.store_map import load_json
 
 POOL_FORMAT = "rapid.league_pool"
 POOL_SCHEMA = 1

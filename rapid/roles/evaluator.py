@@ -1,6 +1,6 @@
 """The evaluator role: every ``eval.interval_s`` it plays the newest version against the baseline and
 logs the win rate, so `rapid train` can show progress against a fixed yardstick (self-play win rates
-hover near 50% by construction). Once the run's optimizer has stopped (:class:`rapid.run_watch.RunWatch`)
+hover near 50% by construction). Once the run's optimizer has stopped (:class:`rapid.run.run_watch.RunWatch`)
 and the newest version is rated, it stops too."""
 
 from __future__ import annotations
@@ -9,17 +9,17 @@ import time
 
 import torch
 
-from rapid.config import Config
 from rapid.envs.registry import make_env
 from rapid.errors import FormatError
 from rapid.infra.store import StoreError
 from rapid.league import League, PoolConflict, rate_games, rating_of, version_id
-from rapid.matches import MatchScore, PolicyPlayer, batch_size, load_policy, play_match
 from rapid.monitoring.metrics import EvaluatorMetrics
-from rapid.param_store import ParameterStore
 from rapid.roles.curves import open_curves
 from rapid.roles.startup import JsonlLog, StopFlag, build_policy, open_run_store, setup_logging, start_metrics
-from rapid.run_watch import RunWatch, quiet_s
+from rapid.run.config import Config
+from rapid.run.matches import MatchScore, PolicyPlayer, batch_size, load_policy, play_match
+from rapid.run.param_store import ParameterStore
+from rapid.run.run_watch import RunWatch, quiet_s
 
 
 def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:

@@ -13,19 +13,19 @@ import socket
 
 import torch
 
-from rapid.config import Config
 from rapid.errors import UsageError
-from rapid.inference_client import node_folder
-from rapid.inference_server import InferenceServer
-from rapid.inference_wire import LOCK_NAME, socket_address
 from rapid.league import League
 from rapid.monitoring.inference_metrics import InferenceMetrics
-from rapid.node_cache import rollout_store
 from rapid.opt.learner import allow_tf32
-from rapid.param_store import ParameterStore
 from rapid.roles.rollout import ParamPoller, run_layout
 from rapid.roles.startup import StopFlag, build_policy, env_spec, open_run_store, setup_logging, start_metrics
-from rapid.store_map import shard_of
+from rapid.rollout.inference_client import node_folder
+from rapid.rollout.inference_server import InferenceServer
+from rapid.rollout.inference_wire import LOCK_NAME, socket_address
+from rapid.rollout.node_cache import rollout_store
+from rapid.run.config import Config
+from rapid.run.param_store import ParameterStore
+from rapid.run.store_map import shard_of
 
 
 def inference_device(setting: str, cuda_available: bool) -> torch.device:

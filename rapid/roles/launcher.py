@@ -26,12 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rapid.config import Config, to_toml
 from rapid.errors import UsageError
-from rapid.inference import inference_mode
 from rapid.monitoring.metrics import LauncherMetrics
-from rapid.progress import Progress, RunLogs, final_summary
 from rapid.roles.startup import StopFlag, check_run_dir, log_to_file, rollout_seed, start_metrics
+from rapid.rollout.inference import inference_mode
+from rapid.run.config import Config, to_toml
+from rapid.run.progress import Progress, RunLogs, final_summary
 
 PR_SET_PDEATHSIG = 1
 

@@ -8,7 +8,7 @@ whenever ``has_work`` (the scale model does, in simulated time).
 Usage::
 
     >>> import tempfile
-    >>> from rapid.config import Config
+    >>> from rapid.run.config import Config
     >>> from rapid.infra.store import LocalStore
     >>> keeper = LeagueKeeper(LocalStore(tempfile.mkdtemp()), Config())
     >>> keeper.fold(Tally({"latest": [3, 1, 0]}))        # rank 0, every fold interval, with every rank's games
@@ -22,13 +22,13 @@ from __future__ import annotations
 import threading
 import time
 
-from rapid.config import Config
 from rapid.errors import FormatError
 from rapid.formats.params import ParamsObject
 from rapid.infra.store import StoreError
 from rapid.league import League, PoolConflict, Tally, ensure_bots, fold_tally
 from rapid.roles.startup import setup_logging
-from rapid.store_map import LEGACY_RESULTS_PREFIX
+from rapid.run.config import Config
+from rapid.run.store_map import LEGACY_RESULTS_PREFIX
 
 LEAGUE_ERRORS = (StoreError, FormatError, PoolConflict, ValueError, ArithmeticError)
 RETRY_S = 5.0

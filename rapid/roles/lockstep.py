@@ -27,8 +27,8 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rapid.balance import Decision
 from rapid.opt.buffer import BufferStats
+from rapid.optimizer.balance import Decision
 from rapid.roles.steps import AllReduce
 
 WAIT_ROUND_S = 5.0  # longest wait for a batch between two agreements of the ranks

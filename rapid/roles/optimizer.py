@@ -17,21 +17,18 @@ import sys
 import numpy as np
 import torch
 
-from rapid.checkpoints import save_checkpoint
-from rapid.config import Config, to_toml
-from rapid.decode_pool import auto_workers
 from rapid.errors import FormatError, UsageError
 from rapid.formats.checkpoint import Checkpoint
 from rapid.formats.experience import Shape
 from rapid.infra.distributed import ALONE, Identity, LayoutError, choose_device_and_backend
 from rapid.infra.store import StoreError
-from rapid.lease import RunLease
-from rapid.loader import ExperienceLoader
 from rapid.monitoring.metrics import OptimizerMetrics
 from rapid.opt.buffer import ExperienceBuffer
 from rapid.opt.learner import Learner, allow_tf32, precision_settings
-from rapid.param_store import ParameterStore
-from rapid.publisher import BackgroundWriter
+from rapid.optimizer.checkpoints import save_checkpoint
+from rapid.optimizer.decode_pool import auto_workers
+from rapid.optimizer.loader import ExperienceLoader
+from rapid.optimizer.publisher import BackgroundWriter
 from rapid.roles.curves import open_curves
 from rapid.roles.league_keeper import LeagueKeeper
 from rapid.roles.lockstep import wait_round_s
@@ -41,7 +38,10 @@ from rapid.roles.optimizer_report import OptimizerReport
 from rapid.roles.start_point import agree_on_start
 from rapid.roles.startup import JsonlLog, StopFlag, build_policy, env_spec, open_run_store, setup_logging, start_metrics
 from rapid.roles.steps import drive
-from rapid.store_map import EXPERIENCE_PREFIX, read_layout, write_layout
+from rapid.run.config import Config, to_toml
+from rapid.run.lease import RunLease
+from rapid.run.param_store import ParameterStore
+from rapid.run.store_map import EXPERIENCE_PREFIX, read_layout, write_layout
 
 
 def pick_device(cfg: Config, rank: Identity) -> tuple[torch.device, str]:

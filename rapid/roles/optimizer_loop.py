@@ -30,17 +30,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rapid.balance import Balancer, BalanceSettings, Decision, publish_due
-from rapid.checkpoints import save_checkpoint
-from rapid.config import Config
 from rapid.errors import FormatError
 from rapid.infra.store import StoreError
 from rapid.league import Tally
 from rapid.opt.losses import linear_schedule
-from rapid.publisher import BackgroundWriter
+from rapid.optimizer.balance import Balancer, BalanceSettings, Decision, publish_due
+from rapid.optimizer.checkpoints import save_checkpoint
+from rapid.optimizer.publisher import BackgroundWriter
 from rapid.roles.lockstep import Agreement, WaitNotice, balance_inputs, decision_of, decision_values
 from rapid.roles.optimizer_parts import Parts, Prefetching
 from rapid.roles.steps import AllGather, Sleep, Until
+from rapid.run.config import Config
 
 MAX_FAILED_IN_ROW = 50  # a bad batch is skipped; this many in a row is a broken learner, not bad data
 
@@ -49,7 +49,7 @@ def run_progress(cfg: Config, elapsed_s: float, updates: int) -> float:
     """The share of the run's budget done: of run.minutes or run.updates, whichever is further along (0 without
     a budget). The learning-rate and entropy schedules follow it.
 
-    >>> from rapid.config import RunConfig
+    >>> from rapid.run.config import RunConfig
     >>> run_progress(Config(run=RunConfig(minutes=5.0, updates=1000)), elapsed_s=60.0, updates=500)
     0.5
     """
@@ -62,7 +62,7 @@ def version_meta(cfg: Config, updates: int, elapsed_s: float) -> dict:
     """What a published version says besides its weights: its update count, and the team spirit its games are to
     be played with (the ppo.team_spirit schedule at this point of the run's budget).
 
-    >>> from rapid.config import RunConfig
+    >>> from rapid.run.config import RunConfig
     >>> from rapid.opt.config import PPOConfig
     >>> version_meta(Config(run=RunConfig(updates=100), ppo=PPOConfig(team_spirit=0.3, team_spirit_final=0.8)), 50, 9.0)
     {'updates': 50, 'team_spirit': 0.55}

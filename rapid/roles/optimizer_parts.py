@@ -11,14 +11,14 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from rapid.balance import Decision
 from rapid.formats.checkpoint import Checkpoint
 from rapid.infra.store import Store
-from rapid.loader import ExperienceLoader
 from rapid.opt.buffer import ExperienceBuffer
-from rapid.param_store import ParameterStore
-from rapid.publisher import BackgroundWriter
+from rapid.optimizer.balance import Decision
+from rapid.optimizer.loader import ExperienceLoader
+from rapid.optimizer.publisher import BackgroundWriter
 from rapid.roles.league_keeper import LeagueKeeper
+from rapid.run.param_store import ParameterStore
 
 
 class LearnerPart(Protocol):

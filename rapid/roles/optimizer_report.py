@@ -4,10 +4,10 @@ place, done on a thread of its own so the update loop only hands over what it me
 Usage::
 
     >>> import json, os, tempfile
-    >>> from rapid.balance import Balancer, BalanceSettings
+    >>> from rapid.optimizer.balance import Balancer, BalanceSettings
     >>> from rapid.formats.experience import Shape
     >>> from rapid.infra.store import LocalStore
-    >>> from rapid.loader import ExperienceLoader
+    >>> from rapid.optimizer.loader import ExperienceLoader
     >>> from rapid.monitoring.metrics import OptimizerMetrics
     >>> from rapid.opt.buffer import ExperienceBuffer
     >>> from rapid.roles.startup import JsonlLog
@@ -40,8 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rapid.balance import WINDOW_S
 from rapid.monitoring.logs import read_jsonl
+from rapid.optimizer.balance import WINDOW_S
 
 log = logging.getLogger("rapid.optimizer")
 
@@ -94,7 +94,7 @@ def summarize_episodes(episodes: list[dict]) -> dict[str, float]:
 def optimizer_summary(run_dir: str | Path, started: float, exit_code: int) -> str:
     """What a standalone optimizer (`rapid optimizer`, rank 0) prints when it ends, as `rapid train` does:
     figures from this invocation's records of ``logs/optimizer.jsonl``, where to look, how to go on."""
-    from rapid.progress import balance_lines
+    from rapid.run.progress import balance_lines
 
     path = Path(run_dir) / "logs" / "optimizer.jsonl"
     ops = [r for r in read_jsonl(path) if r.get("time", 0.0) >= started]

@@ -15,27 +15,27 @@ from collections.abc import Mapping
 
 import torch
 
-from rapid.config import Config
 from rapid.envs.base import VecMultiAgentEnv
 from rapid.envs.registry import make_env
 from rapid.errors import FormatError
-from rapid.inference import inference_mode
-from rapid.inference_client import LOG_NAME, NodeClient, ServerVersions, node_folder, spawn_server
-from rapid.inference_wire import SlotLayout
 from rapid.infra.distributed import Identity
 from rapid.infra.store import BadObject, KeyNotFound, StoreError
 from rapid.league import League
 from rapid.monitoring.metrics import RolloutMetrics
-from rapid.node_cache import rollout_store
-from rapid.opponents import LeagueOpponents
-from rapid.param_store import ParameterStore
 from rapid.roles.rollout_loop import RolloutLoop
 from rapid.roles.startup import StopFlag, build_policy, open_run_store, setup_logging, start_metrics
 from rapid.roles.steps import drive
-from rapid.rollout_worker import Lanes, RolloutSettings, RolloutWorker
-from rapid.run_watch import RunWatch, quiet_s
-from rapid.store_map import read_run
-from rapid.uploader import Uploader
+from rapid.rollout.inference import inference_mode
+from rapid.rollout.inference_client import LOG_NAME, NodeClient, ServerVersions, node_folder, spawn_server
+from rapid.rollout.inference_wire import SlotLayout
+from rapid.rollout.node_cache import rollout_store
+from rapid.rollout.opponents import LeagueOpponents
+from rapid.rollout.uploader import Uploader
+from rapid.rollout.worker import Lanes, RolloutSettings, RolloutWorker
+from rapid.run.config import Config
+from rapid.run.param_store import ParameterStore
+from rapid.run.run_watch import RunWatch, quiet_s
+from rapid.run.store_map import read_run
 
 LANE_SEED_STEP = 1_000_003
 

@@ -1,11 +1,12 @@
 """Where the optimizer ranks start: one point, chosen by rank 0, loaded by every rank, and proven the same.
 
-Rank 0 alone chooses: a fresh run, or on ``--resume`` :func:`rapid.checkpoints.resume_point` (the newest usable
-checkpoint; with none, published weights and a fresh Adam). It sends its choice to every rank, and each other
-rank loads exactly that one (:func:`rapid.checkpoints.load_resume_point`), never one of its own. Then the ranks
-compare a digest of what they hold: parameters and buffers, Adam's state and hyperparameters, the update count
-and the version. A rank that cannot load the point, or a digest that differs, stops every rank with the same
-one line (UsageError, exit code 2) that names the rank and the cause; no rank is left waiting in a collective.
+Rank 0 alone chooses: a fresh run, or on ``--resume`` :func:`rapid.optimizer.checkpoints.resume_point` (the
+newest usable checkpoint; with none, published weights and a fresh Adam). It sends its choice to every rank, and
+each other rank loads exactly that one (:func:`rapid.optimizer.checkpoints.load_resume_point`), never one of its
+own. Then the ranks compare a digest of what they hold: parameters and buffers, Adam's state and
+hyperparameters, the update count and the version. A rank that cannot load the point, or a digest that differs,
+stops every rank with the same one line (UsageError, exit code 2) that names the rank and the cause; no rank is
+left waiting in a collective.
 
 Usage (one rank, no process group; with ranks ``ctx`` is the :class:`~rapid.infra.distributed.DistContext`)::
 
@@ -34,10 +35,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from rapid.checkpoints import LOAD_TRIES, ResumePoint, load_resume_point, newest_version_in_use, resume_point
 from rapid.errors import UsageError
 from rapid.infra.store import Store
 from rapid.opt.model import Policy
+from rapid.optimizer.checkpoints import LOAD_TRIES, ResumePoint, load_resume_point, newest_version_in_use, resume_point
 
 
 @dataclass(frozen=True)

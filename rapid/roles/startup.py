@@ -12,11 +12,11 @@ import time
 import zlib
 from pathlib import Path
 
-from rapid.config import Config
 from rapid.envs.base import EnvSpec
 from rapid.envs.registry import make_env
 from rapid.errors import UsageError
 from rapid.infra.store import InvalidKey, ObservedStore, Store, StoreError, open_store
+from rapid.run.config import Config
 
 
 def open_run_store(cfg: Config, metrics=None) -> Store:
@@ -45,7 +45,7 @@ def open_run_store(cfg: Config, metrics=None) -> Store:
 def check_run_dir(cfg: Config) -> None:
     """Refuse a run directory whose config.toml belongs to a run on another store: its logs would mix with
     this run's and `rapid eval --run-dir` would read the other store."""
-    from rapid.config import load_config
+    from rapid.run.config import load_config
 
     run_dir = cfg.derive().run_dir
     path = Path(run_dir) / "config.toml"

@@ -35,8 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _configs(args):
     from pathlib import Path
 
-    from rapid.config import load_config
     from rapid.errors import UsageError
+    from rapid.run.config import load_config
 
     path = Path(args.run_dir) / "config.toml"
     if not path.is_file():
@@ -49,8 +49,8 @@ def _settle(args, new_cfg, store):
     """``new_cfg`` with ``ppo.settle_until_update`` N updates past the run's newest checkpoint."""
     from dataclasses import replace
 
-    from rapid.checkpoints import load_latest_checkpoint
     from rapid.errors import UsageError
+    from rapid.optimizer.checkpoints import load_latest_checkpoint
 
     if args.settle_updates < 0:
         raise UsageError(f"--settle-updates must be 0 or more, not {args.settle_updates}")
@@ -78,9 +78,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args) -> int:
     from rapid.errors import UsageError
-    from rapid.lease import RunLease
     from rapid.roles.startup import StopFlag, open_run_store
-    from rapid.store_map import surgery_stage_prefix, surgery_states
+    from rapid.run.lease import RunLease
+    from rapid.run.store_map import surgery_stage_prefix, surgery_states
     from rapid.surgery import run_store
 
     old_cfg, new_cfg = _configs(args)

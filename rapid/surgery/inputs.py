@@ -14,7 +14,7 @@ from rapid.errors import FormatError
 from rapid.formats.experience import LIMITS, Shape, decode_experience
 from rapid.infra.store import KeyNotFound, Store
 from rapid.opt.model import Policy
-from rapid.store_map import EXPERIENCE_PREFIX, parse_experience_ms
+from rapid.run.store_map import EXPERIENCE_PREFIX, parse_experience_ms
 from rapid.surgery.shapes import PolicyShape, SurgeryRefused, logit_map
 from rapid.surgery.verify import Inputs, widen
 

@@ -11,7 +11,7 @@ Write order (docs/surgery.md):
    caches of the old snapshots are not read again), the old shape's experience objects deleted, the run dir's
    ``config.toml`` replaced atomically, then ``surgery/<V>.done`` and the staged objects deleted. A crash here
    is finished by running ``rapid surgery --apply`` again; until then ``--resume`` refuses in one line
-   (``rapid.checkpoints.surgery_floor``).
+   (``rapid.optimizer.checkpoints.surgery_floor``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ from pathlib import Path
 
 import numpy as np
 
-from rapid.checkpoints import check_checkpoint, load_latest_checkpoint, newest_version_in_use
-from rapid.config import Config, to_dict, to_toml
 from rapid.errors import FormatError, UsageError
 from rapid.formats.checkpoint import LIMITS as CHECKPOINT_LIMITS
 from rapid.formats.checkpoint import Checkpoint, encode_checkpoint
@@ -34,9 +32,11 @@ from rapid.formats.params import LIMITS as PARAMS_LIMITS
 from rapid.formats.params import ParamsObject, decode_params, encode_params
 from rapid.infra.store import KeyNotFound, Store
 from rapid.league import League
-from rapid.param_store import ParameterStore
+from rapid.optimizer.checkpoints import check_checkpoint, load_latest_checkpoint, newest_version_in_use
 from rapid.roles.startup import build_policy, env_spec
-from rapid.store_map import (
+from rapid.run.config import Config, to_dict, to_toml
+from rapid.run.param_store import ParameterStore
+from rapid.run.store_map import (
     CHECKPOINTS_LATEST,
     EXPERIENCE_PREFIX,
     checkpoint_key,

@@ -28,7 +28,7 @@ def outage_store(url: str, outage_s: float, window: dict):
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for tests.helpers
-    from rapid.store_map import parse_params_key
+    from rapid.run.store_map import parse_params_key
     from tests.helpers import RefusingStore
 
     class Outage(RefusingStore):
@@ -46,9 +46,9 @@ def main(config_path: str, timeout_s: float, outage_s: float, resume: bool) -> N
     from mpi4py import MPI
 
     import rapid.roles.optimizer as optimizer
-    from rapid.config import load_config
     from rapid.infra.distributed import abort_on_error, detect_identity, init_process_group
     from rapid.roles.startup import StopFlag
+    from rapid.run.config import load_config
 
     learners, window = [], {}
 

@@ -38,9 +38,9 @@ def main(config_path: str, timeout_s: float = 120.0) -> None:
     from mpi4py import MPI
 
     import rapid.roles.optimizer
-    from rapid.config import load_config
     from rapid.infra.distributed import abort_on_error, detect_identity, init_process_group
     from rapid.roles.startup import StopFlag
+    from rapid.run.config import load_config
 
     learners = []
 

@@ -5,7 +5,7 @@ Usage::
     >>> import tempfile
     >>> from rapid.envs.registry import make_env
     >>> from rapid.infra.store import LocalStore
-    >>> from rapid.config import ModelConfig
+    >>> from rapid.run.config import ModelConfig
     >>> cfg = Config(model=ModelConfig(hidden=16, lstm=16))   # env: connect four; a small model, for speed
     >>> env = make_env(cfg.env.name, num_games=batch_size(4))
     >>> params = ParameterStore(LocalStore(tempfile.mkdtemp()))
@@ -33,14 +33,14 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from rapid.config import Config
 from rapid.envs.base import EnvSpec, EpisodeStats, StepResult, VecMultiAgentEnv
 from rapid.errors import UsageError
 from rapid.infra.store import KeyNotFound
 from rapid.opt.model import Policy
-from rapid.param_store import ParameterStore
 from rapid.roles.startup import build_policy
-from rapid.store_map import parse_version_text
+from rapid.run.config import Config
+from rapid.run.param_store import ParameterStore
+from rapid.run.store_map import parse_version_text
 
 
 class Player(Protocol):

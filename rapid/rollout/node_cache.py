@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from rapid.infra.store import DEFAULT_MAX_BYTES, KeyNotFound, ObjectTooLarge, Store, validate_key
-from rapid.store_map import PARAMS_LATEST, POOL_POINTER, POOL_REVISIONS_PREFIX, SNAPSHOTS_PREFIX
+from rapid.run.store_map import PARAMS_LATEST, POOL_POINTER, POOL_REVISIONS_PREFIX, SNAPSHOTS_PREFIX
 
 log = logging.getLogger(__name__)
 IMMUTABLE = re.compile(r"params/[0-9]{12}\.rpm|" + re.escape(SNAPSHOTS_PREFIX) + r"[^/]+|"

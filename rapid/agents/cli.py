@@ -19,7 +19,7 @@ def add_parsers(sub, run_dir_arg: Callable) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Write a published version as a standalone policy: the observation normalizer and the LSTM "
                     "state handling built in (inputs obs, mask, h, c, first; outputs actions, logp, value, h, c; "
-                    "see rapid/export.py).",
+                    "see rapid/agents/export.py).",
         epilog="examples:\n"
                "  rapid export --run-dir runs/c4 --format torchscript --out c4.pt\n"
                "  rapid export --run-dir runs/moba --version v120 --format onnx --out moba.onnx")
@@ -48,8 +48,8 @@ def add_parsers(sub, run_dir_arg: Callable) -> None:
 
 
 def cmd_export(args) -> int:
+    from rapid.agents.export import describe_file, export_policy
     from rapid.api import load_policy
-    from rapid.export import describe_file, export_policy
 
     path = export_policy(load_policy(args.run_dir, args.version), args.format, args.out)
     print(describe_file(path))
@@ -57,8 +57,8 @@ def cmd_export(args) -> int:
 
 
 def cmd_play(args) -> int:
+    from rapid.agents.play import play_game
     from rapid.api import load_policy
-    from rapid.play import play_game
 
     play_game(load_policy(args.run_dir, args.version), agent_first=args.agent_first, greedy=not args.sample,
               seed=args.seed)
@@ -66,7 +66,7 @@ def cmd_play(args) -> int:
 
 
 def cmd_watch(args) -> int:
-    from rapid.watch import watch
+    from rapid.agents.watch import watch
 
     if not 0 <= args.port < 65536:
         raise UsageError(f"--port {args.port}: use 0 to 65535")

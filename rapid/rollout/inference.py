@@ -1,6 +1,6 @@
 """Where a rollout worker's policy runs: on the worker's own core (``local``) or on the node's inference server
-(``node``, :mod:`rapid.inference_client`). Both take the same requests and give the same answers, so the worker
-(:class:`rapid.rollout_worker.RolloutWorker`) never knows which it has.
+(``node``, :mod:`rapid.rollout.inference_client`). Both take the same requests and give the same answers, so the worker
+(:class:`rapid.rollout.worker.RolloutWorker`) never knows which it has.
 
 Usage (what a worker does every step, for the agent rows that move)::
 
@@ -137,7 +137,8 @@ class LocalInference:
             self._result = ActResult(np.zeros((0, heads), np.int64), np.zeros(0, np.float32),
                                      np.zeros(0, np.float32), empty, empty, self.version)
             return
-        self._result = ActResult(*(np.concatenate(column) for column in zip(*parts)), version=self.version)
+        actions, logp, value, h, c = (np.concatenate(column) for column in zip(*parts))
+        self._result = ActResult(actions, logp, value, h, c, self.version)
 
     def _act(self, group: Group, request: ActRequest) -> tuple[np.ndarray, ...]:
         if group.key == LATEST:

@@ -3,7 +3,7 @@ learner's experience into samples.
 
 Usage::
 
-    >>> from rapid.config import ModelConfig, RolloutConfig
+    >>> from rapid.run.config import ModelConfig, RolloutConfig
     >>> from rapid.envs.registry import make_env
     >>> from rapid.roles.startup import build_policy
     >>> cfg = Config(model=ModelConfig(hidden=16, lstm=16), rollout=RolloutConfig(bptt=4, samples_per_segment=2))
@@ -19,7 +19,7 @@ Usage::
     >>> len(batch["obs"]) > 0, batch["obs"].shape[1:], set(batch["version"].tolist())   # [S, T, obs]
     (True, (4, 84), {3})
 
-A sample holds one agent's decisions (``rapid.decisions``): in a turn-based game its own moves only, with the
+A sample holds one agent's decisions (``rapid.rollout.decisions``): in a turn-based game its own moves only, with the
 opponent's replies folded into its rewards and discount. An opponent is fixed for a whole game and its LSTM
 state starts at zero with the game; the learner's side is drawn per game so a policy learns both sides of
 asymmetric games.
@@ -34,13 +34,13 @@ from typing import Protocol
 
 import numpy as np
 
-from rapid.config import Config
-from rapid.decisions import Decisions
 from rapid.envs.base import EnvSpec, ScriptedBot, StepResult, VecMultiAgentEnv
-from rapid.inference import ActRequest, Group, Inference, InferenceLost, LocalInference
 from rapid.league.sampling import LATEST
 from rapid.opt import losses
 from rapid.opt.model import Policy
+from rapid.rollout.decisions import Decisions
+from rapid.rollout.inference import ActRequest, Group, Inference, InferenceLost, LocalInference
+from rapid.run.config import Config
 
 ACTION_STREAM = 0x5A17
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ Usage (optimizer rank 0, before it writes anything)::
     True
     >>> RunLease(store, host="node-b").acquire()
     Traceback (most recent call last):
-    rapid.lease.LeaseHeld: another optimizer holds this run (node-a pid ...); stop it first, or if it died, ...
+    rapid.run.lease.LeaseHeld: another optimizer holds this run (node-a pid ...); stop it first, or if it died, ...
     >>> stop = StopFlag(install_signals=False)
     >>> lease.keep(stop)                  # renews on a thread; sets ``stop`` ("lease lost") if another one took it
     >>> if lease.held:
@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 
 from rapid.errors import UsageError
 from rapid.infra.store import KeyNotFound, Store, StoreError
-from rapid.store_map import LEASE_PREFIX, lease_key, load_json, parse_lease_key
+from rapid.run.store_map import LEASE_PREFIX, lease_key, load_json, parse_lease_key
 
 TTL_S = 60.0
 """How long a lease lasts without renewal: a holder on another host that died is replaced after this."""

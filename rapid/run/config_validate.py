@@ -10,7 +10,7 @@ from rapid.opt.config import check_positive as _positive
 from rapid.opt.config import check_unit as _unit
 
 if TYPE_CHECKING:
-    from rapid.config import Config
+    from rapid.run.config import Config
 
 RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}", re.ASCII)
 BOT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,59}", re.ASCII)  # as the league's bot:<name> ids

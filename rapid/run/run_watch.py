@@ -1,7 +1,7 @@
 """Does the run still have an optimizer? A rollout worker asks when new versions stop coming, so that workers
 left running after the optimizer stopped do not keep filling the store with experience nobody loads.
 
-The answer is the optimizer's lease (``optimizer/lease/<epoch>.json``, see :mod:`rapid.lease`): released at
+The answer is the optimizer's lease (``optimizer/lease/<epoch>.json``, see :mod:`rapid.run.lease`): released at
 a clean stop, expired when its holder died. Without any lease (a run of an older rapid, or parameters
 published by hand) the answer is "unknown" and the worker goes on as before.
 
@@ -9,7 +9,7 @@ Usage::
 
     >>> import tempfile
     >>> from rapid.infra.store import LocalStore
-    >>> from rapid.lease import RunLease
+    >>> from rapid.run.lease import RunLease
     >>> store = LocalStore(tempfile.mkdtemp())
     >>> watch = RunWatch(store, quiet_s=180.0, every_s=30.0)
     >>> watch.optimizer_gone(last_version_at=0.0, now=1000.0) is None     # no lease: unknown, go on
@@ -29,9 +29,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from rapid.config import Config
 from rapid.infra.store import Store, StoreError
-from rapid.lease import read_head
+from rapid.run.config import Config
+from rapid.run.lease import read_head
 
 
 def quiet_s(cfg: Config) -> float:

@@ -21,7 +21,7 @@ Usage::
 
 Every ``interval_s`` the pending segments become one experience object (several, if one would pass the
 readers' size limits). An object's key is named when its upload starts, in one of the run's shards
-(``rapid.store_map``): the time in the name is the upload's, not the seal's, so an object that waited out
+(``rapid.run.store_map``): the time in the name is the upload's, not the seal's, so an object that waited out
 an outage is still listed by a reader's cursor. If the store is unreachable the encoded objects wait in a
 backlog of at most ``max_backlog`` objects and ``max_backlog_bytes``; past either the oldest are dropped
 and counted, so memory stays bounded through an outage and nothing newer is lost.
@@ -48,8 +48,8 @@ import numpy as np
 from rapid.errors import FormatError
 from rapid.formats.experience import ExperienceBatch, encode_experience, samples_per_object
 from rapid.infra.store import Store, StoreError
-from rapid.rollout_worker import Segment
-from rapid.store_map import experience_key, object_shard
+from rapid.rollout.worker import Segment
+from rapid.run.store_map import experience_key, object_shard
 
 log = logging.getLogger(__name__)
 

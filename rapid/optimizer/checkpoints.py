@@ -51,8 +51,8 @@ from rapid.errors import FormatError, UsageError
 from rapid.formats.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
 from rapid.formats.checkpoint import check_checkpoint as check_checkpoint  # surgery checks before it stages
 from rapid.infra.store import BadObject, KeyNotFound, Store, StoreError
-from rapid.param_store import ParameterStore
-from rapid.store_map import (
+from rapid.run.param_store import ParameterStore
+from rapid.run.store_map import (
     CHECKPOINTS_LATEST,
     CHECKPOINTS_PREFIX,
     checkpoint_key,

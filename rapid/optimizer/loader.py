@@ -2,7 +2,7 @@
 at a time, and has them decoded and validated (in worker processes when ``decode_workers`` > 0) into the
 buffer. The games they carry are tallied for the league.
 
-A rank lists only its own shards (``rapid.store_map.owned_shards``) and, each poll, only the keys named in
+A rank lists only its own shards (``rapid.run.store_map.owned_shards``) and, each poll, only the keys named in
 the last ``lookback_s`` (S3's ``StartAfter`` from a cursor): a poll costs one LIST page per shard, however
 many objects the run keeps. A full listing every ``sweep_s`` finds what the cursor could not (a worker
 clock far behind, an upload slower than the lookback). Between polls the wait follows the arrivals: about
@@ -19,7 +19,7 @@ Usage::
     >>> import numpy as np
     >>> from rapid.formats.experience import ExperienceBatch, encode_experience
     >>> from rapid.infra.store import LocalStore
-    >>> from rapid.store_map import experience_key
+    >>> from rapid.run.store_map import experience_key
     >>> store = LocalStore(tempfile.mkdtemp())
     >>> shape = Shape(bptt=4, obs_dim=3, mask_dim=2, heads=1, lstm=8)
     >>> arrays = {name: np.zeros((2, *dims), dtype) for name, (dtype, dims) in shape.fields().items()}
@@ -55,14 +55,14 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from rapid.decode_pool import Decoded, DecodePool
 from rapid.errors import FormatError
 from rapid.formats.experience import LIMITS, Shape
 from rapid.infra.store import BadObject, InvalidKey, KeyNotFound, Store, StoreError
 from rapid.league.results import Tally
 from rapid.opt.buffer import ExperienceBuffer
-from rapid.quiet_log import QuietLog
-from rapid.store_map import (
+from rapid.optimizer.decode_pool import Decoded, DecodePool
+from rapid.run.quiet_log import QuietLog
+from rapid.run.store_map import (
     experience_cursor,
     experience_shard_prefix,
     loader_mark_key,

@@ -4,13 +4,13 @@ finished games need no wiring: they travel inside its experience objects, and th
 Usage (inside a rollout worker)::
 
     >>> import tempfile
-    >>> from rapid.config import LeagueConfig, ModelConfig, RolloutConfig
+    >>> from rapid.run.config import LeagueConfig, ModelConfig, RolloutConfig
     >>> from rapid.envs.registry import make_env
     >>> from rapid.infra.store import LocalStore
     >>> from rapid.league.state import ensure_bots
-    >>> from rapid.param_store import ParameterStore
+    >>> from rapid.run.param_store import ParameterStore
     >>> from rapid.roles.startup import build_policy
-    >>> from rapid.rollout_worker import RolloutSettings, RolloutWorker
+    >>> from rapid.rollout.worker import RolloutSettings, RolloutWorker
     >>> cfg = Config(model=ModelConfig(hidden=16, lstm=16), rollout=RolloutConfig(bptt=4, samples_per_segment=2),
     ...              league=LeagueConfig(latest_prob=0.5, bot_prob=0.5, bots=["random"]))
     >>> env = make_env(cfg.env.name, num_games=2)
@@ -42,13 +42,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rapid.config import Config
 from rapid.envs.base import VecMultiAgentEnv
 from rapid.errors import FormatError
 from rapid.infra.store import KeyNotFound, StoreError
 from rapid.league import LATEST, League, OpponentSampler
 from rapid.opt.model import Policy
-from rapid.rollout_worker import Opponent
+from rapid.rollout.worker import Opponent
+from rapid.run.config import Config
 
 log = logging.getLogger(__name__)
 

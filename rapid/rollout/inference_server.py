@@ -1,6 +1,6 @@
 """The node's inference server: one process per node decides the actions of every rollout worker of the node,
 batched, on the node's GPU where it has one (``rollout.inference = "node"``; the worker's side is
-:mod:`rapid.inference_client`, the wire :mod:`rapid.inference_wire`).
+:mod:`rapid.rollout.inference_client`, the wire :mod:`rapid.rollout.inference_wire`).
 
 It keeps every game's LSTM state on its device (a block of rows per worker, freed when the worker goes), plays the
 node's latest version (it is the node's only reader of parameters) and the league's past policies the workers
@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from rapid.inference_batch import Part, Staging, decide
-from rapid.inference_wire import BadMessage, Frames, LaneViews, SharedBlock, SlotLayout, frame
 from rapid.league.sampling import LATEST
 from rapid.opt.model import Policy
+from rapid.rollout.inference_batch import Part, Staging, decide
+from rapid.rollout.inference_wire import BadMessage, Frames, LaneViews, SharedBlock, SlotLayout, frame
 
 log = logging.getLogger(__name__)
 OPPONENTS_KEPT = 16

@@ -11,7 +11,7 @@ Endpoints: ``GET /`` the page, ``GET /frame.png`` the newest frame, ``GET /state
 
 >>> import json, tempfile, urllib.request
 >>> from rapid.api import publish_untrained
->>> from rapid.config import load_config
+>>> from rapid.run.config import load_config
 >>> cfg = load_config(None, ["env.name=moba", "model.hidden=16", "model.lstm=16"])
 >>> run = publish_untrained(cfg, tempfile.mkdtemp())
 >>> match = Match(load_config(run / "config.toml", [f'run.dir="{run}"']), "latest", "lane", speed=64.0)
@@ -42,8 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rapid.config import Config
 from rapid.errors import UsageError
+from rapid.run.config import Config
 
 PAGE = Path(__file__).with_name("watch_page.html")
 SPEEDS = (0.25, 64.0)
@@ -55,9 +55,9 @@ class Match:
     def __init__(self, cfg: Config, version: str, against: str, speed: float = 1.0, seed: int = 0,
                  greedy: bool = False):
         from rapid.envs.moba import MobaVecEnv
-        from rapid.matches import make_player
-        from rapid.param_store import ParameterStore
         from rapid.roles.startup import open_run_store
+        from rapid.run.matches import make_player
+        from rapid.run.param_store import ParameterStore
 
         if cfg.env.name != "moba":
             raise UsageError(f"rapid watch shows moba games; this run plays {cfg.env.name}"

@@ -1,7 +1,7 @@
 """Play one moba match between two players and write it as an animated GIF (``rapid replay``).
 
 A player is a scripted bot name of the env (``"lane"``, ``"idle"``, ``"random"``) or a player of the match
-library (:class:`rapid.matches.Player`: a :class:`~rapid.envs.base.ScriptedBot`, or the policy player the CLI
+library (:class:`rapid.run.matches.Player`: a :class:`~rapid.envs.base.ScriptedBot`, or the policy player the CLI
 builds from a params version or snapshot). Player 0 plays side 0, player 1 side 1.
 
 >>> import tempfile
@@ -27,7 +27,7 @@ from rapid.envs.moba import MobaVecEnv
 from rapid.envs.moba.render import annotate, render_frame, write_gif
 
 if TYPE_CHECKING:  # the match library's player; importing it for real would import torch
-    from rapid.matches import Player
+    from rapid.run.matches import Player
 
 
 def write_replay(env_options: dict, players: Sequence[str | Player], out_path: str | Path, seed: int = 0,

@@ -4,7 +4,7 @@ type hint, and the env's options checked against the options type the env declar
 A field's doc is the string literal right below it in the class body (an attribute docstring); it is read
 from the source, so the dataclasses stay the one place where a field is declared, defaulted and explained.
 
->>> from rapid.config import RolloutConfig
+>>> from rapid.run.config import RolloutConfig
 >>> field_docs(RolloutConfig)["bptt"]
 'Decisions of one agent per sample (truncated BPTT length): in a turn-based game its own turns.'
 >>> convert(3, float), convert([1, 2], tuple[float, float])
@@ -146,7 +146,7 @@ def _rows(obj: Any, prefix: str) -> list[str]:
 
 
 def describe(cfg: Any) -> str:
-    """Every field of config ``cfg`` (a ``rapid.config.Config``) with its type, value, default and doc, section by
+    """Every field of config ``cfg`` (a ``rapid.run.config.Config``) with its type, value, default and doc, section by
     section, then the env's options as its declared options type defines them."""
     from rapid.envs.registry import options_type
 

@@ -27,11 +27,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import tomli_w
 
-from rapid.config_schema import convert, env_options
-from rapid.config_validate import validate
 from rapid.errors import UsageError
 from rapid.infra.dist_context import DEFAULT_TIMEOUT_S
 from rapid.opt.config import PPOConfig
+from rapid.run.config_schema import convert, env_options
+from rapid.run.config_validate import validate
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """A rollout worker's side of its node's inference server (``rollout.inference = "node"``): one connection per
-worker, one :class:`NodeLane` per lane of its games (an :class:`rapid.inference.Inference` each).
+worker, one :class:`NodeLane` per lane of its games (an :class:`rapid.rollout.inference.Inference` each).
 
 How :func:`rapid.roles.rollout.build_worker` wires a worker to its node's server::
 
@@ -9,8 +9,9 @@ How :func:`rapid.roles.rollout.build_worker` wires a worker to its node's server
     versions = ServerVersions(client)          # the loop's parameter source: the server is the node's reader
 
 If no server answers, the client starts one (``spawn``) and waits for it; a server that dies mid-request costs the
-worker its running games (:class:`rapid.inference.InferenceLost`), and the next request connects again, to a server
-started afresh if need be. A server that cannot start is reported in one line (:class:`InferenceUnavailable`).
+worker its running games (:class:`rapid.rollout.inference.InferenceLost`), and the next request connects again,
+to a server started afresh if need be. A server that cannot start is reported in one line
+(:class:`InferenceUnavailable`).
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from rapid.config import Config, to_toml
-from rapid.inference import ActRequest, ActResult, InferenceLost, concat_rows
-from rapid.inference_wire import BadMessage, Frames, SharedBlock, SlotLayout, connect, frame, socket_address
 from rapid.infra.identity import env_outside_launchers
+from rapid.rollout.inference import ActRequest, ActResult, InferenceLost, concat_rows
+from rapid.rollout.inference_wire import BadMessage, Frames, SharedBlock, SlotLayout, connect, frame, socket_address
+from rapid.run.config import Config, to_toml
 
 log = logging.getLogger(__name__)
 CONFIG_NAME = "inference-config.toml"
@@ -191,7 +192,7 @@ class NodeClient:
 
 
 class NodeLane:
-    """One lane's :class:`rapid.inference.Inference` through the node's server."""
+    """One lane's :class:`rapid.rollout.inference.Inference` through the node's server."""
 
     def __init__(self, client: NodeClient, index: int):
         self.client, self.index = client, index

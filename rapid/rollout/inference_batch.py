@@ -1,10 +1,10 @@
-"""One forward pass of the node's inference server (:mod:`rapid.inference_server`) for every row one policy acts
+"""One forward pass of the node's inference server (:mod:`rapid.rollout.inference_server`) for every row one policy acts
 for in a batch. The rows' inputs are gathered from the workers' slots straight into one staging buffer per array
 (pinned host memory on CUDA, reused from batch to batch) and copied to the device once per array; the answers are
 packed on the device into one tensor and copied back once, which is the pass's one wait for the device.
 
     >>> import numpy as np, torch
-    >>> from rapid.inference_wire import SlotLayout
+    >>> from rapid.rollout.inference_wire import SlotLayout
     >>> from rapid.opt.model import Policy
     >>> policy = Policy(obs_dim=3, action_heads=(4,), hidden=8, lstm=8)
     >>> view = SlotLayout(1, 4, 3, 4, 1, 8).views(bytearray(SlotLayout(1, 4, 3, 4, 1, 8).size))[0]
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rapid.inference_wire import LaneViews
 from rapid.opt.model import Policy
+from rapid.rollout.inference_wire import LaneViews
 
 
 @dataclass

@@ -16,7 +16,7 @@ class QuietLog:
     says how many were held back; a kind that recovers says so once.
 
     >>> now = [0.0]
-    >>> quiet = QuietLog(logging.getLogger("rapid.loader"), lambda: now[0], every_s=60)
+    >>> quiet = QuietLog(logging.getLogger("rapid.optimizer.loader"), lambda: now[0], every_s=60)
     >>> for _ in range(100):
     ...     quiet.warning("list", "listing experience failed: %s", "timeout")   # one line: the first
     ...     now[0] += 1

@@ -23,7 +23,7 @@ import numpy as np
 from rapid.errors import FormatError
 from rapid.formats.params import LIMITS, ParamsObject, decode_params, encode_params
 from rapid.infra.store import KeyNotFound, Store
-from rapid.store_map import (
+from rapid.run.store_map import (
     PARAMS_LATEST,
     PARAMS_PREFIX,
     params_key,

@@ -1,14 +1,14 @@
 """`rapid play`: a person plays a turn-based board game against a run's policy in the terminal.
 
 The game is the run's own PettingZoo AEC env (connect four, tictactoe, any board game whose moves are columns
-or cells of its grid); the policy plays its seat through :class:`rapid.pz_agent.PettingZooAgent`, so it sees
+or cells of its grid); the policy plays its seat through :class:`rapid.agents.pz_agent.PettingZooAgent`, so it sees
 the board as it did in training. The board is drawn from the person's view (you X, the agent O), with the
 legal moves, and each agent move comes with its value estimate (its expected return: +1 a sure win, -1 a
 sure loss in these games).
 
 >>> import io, tempfile
 >>> from rapid.api import load_policy, publish_untrained
->>> from rapid.config import load_config
+>>> from rapid.run.config import load_config
 >>> policy = load_policy(publish_untrained(load_config(None, ["env.name=pettingzoo.classic.tictactoe_v3",
 ...     "model.hidden=16", "model.lstm=16"]), tempfile.mkdtemp()))
 >>> moves = iter(["9", "0", "1", "2", "3", "4", "5", "6", "7", "8"])
@@ -81,8 +81,8 @@ def play_game(policy: TrainedPolicy, agent_first: bool = False, greedy: bool = T
               read: Callable[[str], str] = input, write: Callable[[str], None] = print) -> str:
     """One game, the person's moves read with ``read``; returns how it ended ("you won", "the agent won", "a
     draw"), or "abandoned" when the person typed q or the input ended."""
+    from rapid.agents.pz_agent import PettingZooAgent
     from rapid.envs.pettingzoo_adapter import load_pettingzoo_module
-    from rapid.pz_agent import PettingZooAgent
 
     board = Board(policy)
     module = load_pettingzoo_module(policy.env_name)
