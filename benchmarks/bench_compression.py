@@ -23,7 +23,7 @@ from rapid.envs.registry import make_env
 from rapid.formats.experience import ExperienceBatch, Shape, decode_experience, encode_experience
 from rapid.roles.startup import build_policy
 from rapid.rollout.worker import RolloutSettings, RolloutWorker
-from rapid.run.config import load_config
+from rapid.run.config_files import load_config
 
 
 def cpu_seconds(fn, repeats: int = 5) -> float:

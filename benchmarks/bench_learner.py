@@ -45,7 +45,7 @@ from rapid.roles.optimizer_loop import OptimizerLoop, Timing
 from rapid.roles.optimizer_parts import Parts
 from rapid.roles.startup import StopFlag, build_policy, env_spec
 from rapid.roles.steps import drive
-from rapid.run.config import load_config
+from rapid.run.config_files import load_config
 
 # name: (config, overrides, mean game length in decisions of one agent: how often a game starts in a sample)
 MODELS = {"moba-5v5": ("configs/moba-5v5.toml", ["model.hidden=256", "model.lstm=256"], 1200),

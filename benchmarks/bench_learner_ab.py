@@ -28,7 +28,7 @@ from bench_learner import MODELS, make_batch  # noqa: E402
 
 from rapid.opt.learner import Learner
 from rapid.roles.startup import build_policy, env_spec
-from rapid.run.config import load_config
+from rapid.run.config_files import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

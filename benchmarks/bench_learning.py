@@ -64,7 +64,7 @@ def tactics(run_dir: Path, games: int) -> str:
     from rapid.envs.pettingzoo_adapter import PettingZooVecEnv
     from rapid.envs.registry import make_env
     from rapid.infra.store import LocalStore
-    from rapid.run.config import load_config
+    from rapid.run.config_files import load_config
     from rapid.run.matches import batch_size, make_player, play_match
     from rapid.run.param_store import ParameterStore
 

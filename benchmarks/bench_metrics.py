@@ -17,7 +17,8 @@ import time
 
 import numpy as np
 
-from rapid.monitoring.metrics import UPDATE_PHASES, OptimizerMetrics, RolloutMetrics
+from rapid.monitoring.metrics import RolloutMetrics
+from rapid.monitoring.optimizer_metrics import UPDATE_PHASES, OptimizerMetrics
 
 
 def per_call_ns(fn, n: int, repeats: int = 5) -> float:

@@ -27,7 +27,7 @@ from rapid.league import League
 from rapid.roles.startup import build_policy
 from rapid.rollout.opponents import LeagueOpponents
 from rapid.rollout.worker import RolloutSettings, RolloutWorker
-from rapid.run.config import load_config
+from rapid.run.config_files import load_config
 from rapid.run.param_store import ParameterStore
 
 

@@ -51,7 +51,7 @@ def worker(batch: int, updates: int, microbatch: int) -> None:
     from rapid.infra.distributed import abort_on_error, detect_identity, init_process_group
     from rapid.opt.learner import Learner
     from rapid.roles.startup import build_policy, env_spec
-    from rapid.run.config import load_config
+    from rapid.run.config_files import load_config
 
     identity = detect_identity()
     with abort_on_error(identity), init_process_group(identity, device="cpu") as dist:  # CPU tensors: gloo

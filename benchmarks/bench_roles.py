@@ -17,11 +17,12 @@ import numpy as np
 import torch
 
 from rapid.envs.registry import make_env
-from rapid.monitoring.metrics import OptimizerMetrics, RolloutMetrics
+from rapid.monitoring.metrics import RolloutMetrics
+from rapid.monitoring.optimizer_metrics import OptimizerMetrics
 from rapid.opt.learner import Learner
 from rapid.roles.startup import build_policy
 from rapid.rollout.worker import RolloutSettings, RolloutWorker
-from rapid.run.config import load_config
+from rapid.run.config_files import load_config
 
 CASES = [
     ("connect_four_v3", "configs/default.toml", []),

@@ -33,7 +33,8 @@ from rapid.roles.startup import build_policy, env_spec
 from rapid.rollout.inference_client import NodeClient, ServerVersions, node_folder
 from rapid.rollout.inference_wire import SlotLayout
 from rapid.rollout.node_cache import rollout_store
-from rapid.run.config import Config, load_config, to_toml
+from rapid.run.config import Config
+from rapid.run.config_files import load_config, to_toml
 from rapid.run.param_store import ParameterStore
 from rapid.run.store_map import read_run, write_layout
 

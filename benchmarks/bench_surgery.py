@@ -63,7 +63,7 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-surgery-"))
     carried, scratch = out / "carried", out / "scratch"
-    from rapid.run.config import load_config
+    from rapid.run.config_files import load_config
 
     lstm = load_config(CONFIG).model.lstm
     change = (f"model.lstm={2 * lstm}", NEW_OBSERVATIONS)

@@ -34,7 +34,7 @@ def judge(run_dir: Path, against: str, games: int, seed: int) -> None:
 
     from rapid.envs.registry import make_env
     from rapid.infra.store import LocalStore
-    from rapid.run.config import load_config
+    from rapid.run.config_files import load_config
     from rapid.run.matches import batch_size, make_player, play_match
     from rapid.run.param_store import ParameterStore
 

@@ -6,7 +6,7 @@ them end to end. A policy is loaded from a run directory (its ``config.toml`` sa
 from a run's store URL with the run's config:
 
 >>> import tempfile
->>> from rapid.run.config import load_config
+>>> from rapid.run.config_files import load_config
 >>> from rapid.roles.startup import build_policy, env_spec
 >>> run = publish_untrained(load_config(None, ["model.hidden=16", "model.lstm=16"]), tempfile.mkdtemp())
 >>> policy = load_policy(run)                       # version="latest"; or 3, "3", "v3"
@@ -39,7 +39,8 @@ import numpy as np
 
 from rapid.envs.base import EnvSpec, VecMultiAgentEnv
 from rapid.errors import UsageError
-from rapid.run.config import Config, load_config
+from rapid.run.config import Config
+from rapid.run.config_files import load_config
 
 State = tuple[np.ndarray, np.ndarray]
 """An LSTM state (h, c), float32 [n, model.lstm] each: one row per agent."""
@@ -174,7 +175,7 @@ def train(config: Config | str | os.PathLike | None = None, minutes: float | Non
     if isinstance(config, Config):
         if overrides:
             raise UsageError("overrides go with a TOML config; set the Config's fields instead")
-        from rapid.run.config import build_config, to_dict
+        from rapid.run.config_files import build_config, to_dict
 
         cfg = build_config(to_dict(replace(config, run=replace(config.run, **run))))  # checked as a loaded one is
     else:
@@ -196,7 +197,7 @@ def publish_untrained(cfg: Config, run_dir: str | os.PathLike, version: int = 1)
     """A run directory holding ``cfg`` and one published version of a freshly initialized policy: what
     examples, tests and exports use where no training is needed."""
     from rapid.roles.startup import build_policy, env_spec, open_run_store
-    from rapid.run.config import to_toml
+    from rapid.run.config_files import to_toml
     from rapid.run.param_store import ParameterStore
 
     cfg.run.dir = Path(run_dir).as_posix()

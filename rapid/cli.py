@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load(args: argparse.Namespace, extra: Sequence[str] = ()):
-    from rapid.run.config import load_config
+    from rapid.run.config_files import load_config
 
     return load_config(getattr(args, "config", None), [*args.set, *extra])
 
@@ -164,7 +164,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_config(args) -> int:
-    from rapid.run.config import to_toml
+    from rapid.run.config_files import to_toml
     from rapid.run.config_schema import describe
 
     cfg = load(args)

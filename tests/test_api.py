@@ -20,7 +20,7 @@ from rapid.envs.registry import make_env
 from rapid.errors import UsageError
 from rapid.infra.store import LocalStore
 from rapid.roles.startup import build_policy, env_spec
-from rapid.run.config import load_config
+from rapid.run.config_files import load_config
 from rapid.run.matches import PolicyPlayer
 from rapid.run.param_store import ParameterStore
 

@@ -15,7 +15,8 @@ from rapid.infra.store import LocalStore
 from rapid.league.pool import League
 from rapid.league.state import ensure_bots
 from rapid.roles.startup import build_policy
-from rapid.run.config import Config, ModelConfig, to_toml
+from rapid.run.config import Config, ModelConfig
+from rapid.run.config_files import to_toml
 from rapid.run.param_store import ParameterStore
 
 BIN = Path(sys.executable).parent

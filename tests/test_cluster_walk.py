@@ -11,7 +11,8 @@ import sys
 from rapid.infra.distributed import Identity
 from rapid.monitoring import metrics as M
 from rapid.monitoring import prom
-from rapid.run.config import Config, RunConfig, StoreConfig, load_config, to_toml
+from rapid.run.config import Config, RunConfig, StoreConfig
+from rapid.run.config_files import load_config, to_toml
 from tests.helpers import ROOT, rapid
 
 ALONE = Identity(0, 1, 0, 1, "h")
@@ -71,7 +72,7 @@ def test_targets_carry_the_run_name_not_the_folder_name(tmp_path):
 
 
 def test_a_process_that_dies_stays_registered(tmp_path):
-    code = ("import os; from rapid.monitoring.metrics import OptimizerMetrics; "
+    code = ("import os; from rapid.monitoring.optimizer_metrics import OptimizerMetrics; "
             f"OptimizerMetrics(run='r').serve(port=0, run_dir={str(tmp_path)!r}); os._exit(1)")
     subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT)
     targets = M.collect_targets(tmp_path)

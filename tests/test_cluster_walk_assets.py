@@ -10,7 +10,7 @@ import tomllib
 import yaml
 
 from rapid.cli import build_parser
-from rapid.run.config import build_config, load_config
+from rapid.run.config_files import build_config, load_config
 from tests.test_deploy_assets import DEPLOY, ROOT
 
 CLUSTER_MD = ROOT / "docs" / "cluster.md"

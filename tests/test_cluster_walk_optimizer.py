@@ -10,7 +10,7 @@ import numpy as np
 
 from rapid.formats.experience import ExperienceBatch, Shape, encode_experience
 from rapid.infra.store import LocalStore, StoreError
-from rapid.monitoring.metrics import OptimizerMetrics
+from rapid.monitoring.optimizer_metrics import OptimizerMetrics
 from rapid.opt.buffer import ExperienceBuffer
 from rapid.optimizer.balance import Balancer, BalanceSettings, Decision, overload_line
 from rapid.optimizer.loader import ExperienceLoader

@@ -12,21 +12,23 @@ import pytest
 
 from rapid.errors import UsageError
 from rapid.run import config as C
+from rapid.run import config_files as F
+from rapid.run.config_validate import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def errors_of(overrides: list[str], path=None) -> str:
     with pytest.raises(UsageError) as info:
-        C.load_config(path, overrides)
+        F.load_config(path, overrides)
     msg = str(info.value)
     assert "\n" not in msg, "a config error is one line"
     return msg
 
 
 def test_defaults_are_valid():
-    cfg = C.load_config()
-    assert C.validate(cfg) == []
+    cfg = F.load_config()
+    assert validate(cfg) == []
     assert cfg.ppo.clip == 0.2 and cfg.ppo.gae_lambda == 0.95 and cfg.rollout.bptt == 16
     assert cfg.rollout.upload_interval_s == 60.0
     assert (cfg.ppo.adam_beta1, cfg.ppo.adam_beta2) == (0.9, 0.999)
@@ -34,11 +36,11 @@ def test_defaults_are_valid():
     assert d.gamma == pytest.approx(1 - 0.5 / 100.0)
     assert d.segment_steps == 16 * 4
     assert d.run_dir == os.path.join("runs", "run") and d.store_url == os.path.join("runs", "run", "store")
-    assert C.build_config({}) == cfg
+    assert F.build_config({}) == cfg
 
 
 def test_every_field_has_a_type_and_sections_are_complete():
-    assert set(C.SECTIONS) == {"run", "env", "model", "ppo", "rollout", "optimizer", "league", "eval", "store",
+    assert set(F.SECTIONS) == {"run", "env", "model", "ppo", "rollout", "optimizer", "league", "eval", "store",
                                "metrics"}
 
 
@@ -46,14 +48,14 @@ def test_shipped_configs_are_valid():
     files = sorted((ROOT / "configs").glob("*.toml"))
     assert files
     for path in files:
-        C.load_config(path)
+        F.load_config(path)
 
 
 def test_toml_file_and_overrides(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('[ppo]\nlr = 1e-3\nclip = 0.1\n[env]\nname = "moba"\nnum_games = 8\n'
                     '[env.options]\nheroes_per_side = 2\nlanes = 3\n[league]\nbots = ["idle", "lane"]\n')
-    cfg = C.load_config(path, ["ppo.lr=3e-4", "env.options.max_seconds=120", "env.options.lanes=2", "run.name=demo",
+    cfg = F.load_config(path, ["ppo.lr=3e-4", "env.options.max_seconds=120", "env.options.lanes=2", "run.name=demo",
                                "metrics.enabled=false", "ppo.zero_sum=true", "rollout.bptt=8", "ppo.horizon_s=50",
                                'run.dir="/tmp/r x"', "league.bots=[\"random\"]"])
     assert cfg.ppo.lr == 3e-4                      # override wins over the file
@@ -68,8 +70,8 @@ def test_toml_file_and_overrides(tmp_path):
     assert cfg.league.bots == ["random"]
     # the effective config round-trips through TOML
     out = tmp_path / "out.toml"
-    out.write_text(C.to_toml(cfg))
-    assert C.load_config(out) == cfg
+    out.write_text(F.to_toml(cfg))
+    assert F.load_config(out) == cfg
 
 
 def test_unknown_section_and_key():
@@ -86,14 +88,14 @@ def test_unknown_keys_in_file(tmp_path):
 
 def test_bad_files():
     with pytest.raises(UsageError, match="not found"):
-        C.load_config("/nonexistent/run.toml")
+        F.load_config("/nonexistent/run.toml")
 
 
 def test_invalid_toml(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text("[ppo\nlr = \n")
     with pytest.raises(UsageError, match="TOML"):
-        C.load_config(path)
+        F.load_config(path)
 
 
 def test_section_must_be_a_table(tmp_path):
@@ -118,9 +120,9 @@ def test_wrong_types(override, field):
 
 def test_malformed_overrides():
     with pytest.raises(UsageError, match="section.key=value"):
-        C.load_config(None, ["ppo.lr"])
+        F.load_config(None, ["ppo.lr"])
     with pytest.raises(UsageError, match="section.key"):
-        C.load_config(None, ["lr=3"])
+        F.load_config(None, ["lr=3"])
 
 
 # At least one wrong value per section, each named in the error.
@@ -158,7 +160,7 @@ BAD_VALUES = {
 
 
 def test_bad_values_cover_every_section():
-    assert set(BAD_VALUES) == set(C.SECTIONS)
+    assert set(BAD_VALUES) == set(F.SECTIONS)
 
 
 @pytest.mark.parametrize("override, field", [case for cases in BAD_VALUES.values() for case in cases])
@@ -182,12 +184,12 @@ def test_validate_lists_errors_without_raising():
     cfg = C.Config()
     cfg.ppo.lr = -1.0
     cfg.model.hidden = 0
-    errs = C.validate(cfg)
+    errs = validate(cfg)
     assert len(errs) == 2 and any("ppo.lr" in e for e in errs) and any("model.hidden" in e for e in errs)
 
 
 def test_every_field_is_documented_typed_dataclass():
-    for name, cls in C.SECTIONS.items():
+    for name, cls in F.SECTIONS.items():
         cls = C.Config.__dataclass_fields__[name].default_factory
         assert dataclasses.is_dataclass(cls)
 
@@ -225,7 +227,7 @@ def test_cli_config_show_prints_effective_config(tmp_path):
 
 
 def test_password_in_endpoint_url_is_redacted_in_show_and_saved_config(tmp_path):
-    from rapid.run.config import redact_url
+    from rapid.run.config_files import redact_url
 
     secret = "Pa55w0rdCanary"
     url = f"http://minio-user:{secret}@127.0.0.1:9000"
@@ -233,6 +235,6 @@ def test_password_in_endpoint_url_is_redacted_in_show_and_saved_config(tmp_path)
                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 0 and secret not in out.stdout + out.stderr
     assert 'endpoint_url = "http://minio-user:***@127.0.0.1:9000"' in out.stdout
-    cfg = C.load_config(None, [f'store.endpoint_url="{url}"'])
-    assert secret not in C.to_toml(cfg) and cfg.store.endpoint_url == url, "redacted on output only"
+    cfg = F.load_config(None, [f'store.endpoint_url="{url}"'])
+    assert secret not in F.to_toml(cfg) and cfg.store.endpoint_url == url, "redacted on output only"
     assert redact_url("s3://bucket/x") == "s3://bucket/x" and redact_url("") == ""

@@ -9,6 +9,7 @@ import typing
 import pytest
 
 import rapid.run.config as C
+import rapid.run.config_files as F
 from rapid.envs.moba import MobaConfig
 from rapid.errors import UsageError
 from rapid.run.config_schema import describe, field_docs
@@ -49,7 +50,7 @@ def test_config_show_doc_lists_every_field_with_type_default_and_doc():
 
 
 def test_describe_an_env_without_an_options_type():
-    text = describe(C.load_config("configs/default.toml"))
+    text = describe(F.load_config("configs/default.toml"))
     assert "connect_four_v3 declares no options type" in text
 
 
@@ -62,31 +63,31 @@ def test_describe_an_env_without_an_options_type():
 ])
 def test_moba_options_are_checked_at_load(override, message):
     with pytest.raises(UsageError) as e:
-        C.load_config(None, ["env.name=moba", override])
+        F.load_config(None, ["env.name=moba", override])
     assert message in str(e.value)
 
 
 def test_moba_options_are_converted_and_every_error_is_reported_together():
-    cfg = C.load_config(None, ["env.name=moba", "env.options.max_seconds=120", "env.options.tower_x=[20, 10]"])
+    cfg = F.load_config(None, ["env.name=moba", "env.options.max_seconds=120", "env.options.tower_x=[20, 10]"])
     assert cfg.env.options == {"max_seconds": 120.0, "tower_x": [20.0, 10.0]}
     assert isinstance(cfg.env.options["max_seconds"], float)
     with pytest.raises(UsageError) as e:
-        C.load_config(None, ["env.name=moba", "env.options.lane=2", "ppo.lr=-1", "env.options.max_seconds=true"])
+        F.load_config(None, ["env.name=moba", "env.options.lane=2", "ppo.lr=-1", "env.options.max_seconds=true"])
     assert str(e.value).count("env.options.") == 2 and "ppo.lr" in str(e.value)
 
 
 def test_an_env_name_that_is_no_env_is_a_config_error():
     with pytest.raises(UsageError, match="env.name: cannot import env 'no_such.env_v0'"):
-        C.load_config(None, ["env.name=no_such.env_v0"])
+        F.load_config(None, ["env.name=no_such.env_v0"])
 
 
 def test_a_pettingzoo_module_declares_its_options_type():
-    cfg = C.load_config(None, [f"env.name={TYPED}", "env.options.max_steps=7"])
+    cfg = F.load_config(None, [f"env.name={TYPED}", "env.options.max_steps=7"])
     assert cfg.env.options == {"max_steps": 7}
     for override, message in (("env.options.maxsteps=7", "env.options.maxsteps: unknown option of " + TYPED),
                               ("env.options.max_steps=0", "max_steps must be ≥ 1, got 0")):
         with pytest.raises(UsageError, match=message):
-            C.load_config(None, [f"env.name={TYPED}", override])
+            F.load_config(None, [f"env.name={TYPED}", override])
     assert "env.options.die_at: int = 2\n    Step at which blue_1 leaves the game." in describe(cfg)
 
 

@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from rapid.formats.experience import Shape
 from rapid.infra.store import LocalStore
-from rapid.monitoring.metrics import OptimizerMetrics
+from rapid.monitoring.optimizer_metrics import OptimizerMetrics
 from rapid.opt.buffer import ExperienceBuffer
 from rapid.optimizer.balance import Balancer, BalanceSettings
 from rapid.optimizer.loader import ExperienceLoader

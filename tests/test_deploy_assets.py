@@ -88,7 +88,7 @@ def test_kubernetes_workloads_run_real_console_scripts():
 def test_the_rollout_pods_of_a_node_share_one_node_cache(tmp_path):
     """Issue 31: every rollout pod mounts the same folder of its node and points rollout.node_cache_dir at it,
     so the pods of a node fetch a version once and read params/LATEST once per poll interval, not each."""
-    from rapid.run.config import load_config
+    from rapid.run.config_files import load_config
 
     deployment = yaml.safe_load((DEPLOY / "k8s/rollout-deployment.yaml").read_text())
     pod = deployment["spec"]["template"]["spec"]
@@ -138,7 +138,7 @@ def test_the_node_server_meets_the_rollout_pods_in_one_folder(tmp_path):
     pods then derive the same node folder (socket, lock) from their config and overrides."""
     from rapid.cli import build_parser
     from rapid.rollout.inference_client import node_folder
-    from rapid.run.config import load_config
+    from rapid.run.config_files import load_config
 
     text = yaml.safe_load((DEPLOY / "k8s/config-example.yaml").read_text())["data"]["run.toml"]
     switched = re.sub(r"^(\s*)# (inference(?:_spawn)? = )", r"\1\2", text, flags=re.M)
@@ -163,7 +163,7 @@ def test_the_node_server_meets_the_rollout_pods_in_one_folder(tmp_path):
 
 
 def test_config_example_is_a_valid_rapid_config():
-    from rapid.run.config import build_config
+    from rapid.run.config_files import build_config
 
     configmap = yaml.safe_load((DEPLOY / "k8s/config-example.yaml").read_text())
     cfg = build_config(tomllib.loads(configmap["data"]["run.toml"]))

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from rapid.roles.evaluator import eval_wait_s
-from rapid.run.config import load_config
+from rapid.run.config_files import load_config
 from tests.test_cluster_walk import _finished_run
 
 

@@ -20,7 +20,7 @@ import torch
 from rapid.api import TrainedPolicy, load_policy, publish_untrained
 from rapid.cli import main
 from rapid.infra.store import LocalStore
-from rapid.run.config import load_config
+from rapid.run.config_files import load_config
 from rapid.run.param_store import ParameterStore
 from tests.helpers import ROOT
 

@@ -12,7 +12,7 @@ import torch.distributed as dist
 import rapid.infra.distributed as distributed
 from rapid.cli import main
 from rapid.infra.distributed import Identity, init_process_group
-from rapid.run.config import load_config
+from rapid.run.config_files import load_config
 from tests.test_optimizer_loop import plant
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]

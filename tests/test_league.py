@@ -33,7 +33,8 @@ from rapid.league.state import (
     foreign_id,
     version_id,
 )
-from rapid.run.config import LeagueConfig, load_config
+from rapid.run.config import LeagueConfig
+from rapid.run.config_files import load_config
 from rapid.run.param_store import ParameterStore
 from rapid.run.store_map import POOL_POINTER, params_key, pool_revision_key, snapshot_key
 from tests.s3_server import s3_server, s3_store  # noqa: F401  (fixtures)

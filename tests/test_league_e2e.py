@@ -13,7 +13,7 @@ from rapid.infra.store import LocalStore
 from rapid.league import League
 from rapid.roles.startup import build_policy
 from rapid.rollout.worker import Opponent, RolloutSettings, RolloutWorker
-from rapid.run.config import load_config
+from rapid.run.config_files import load_config
 from tests.helpers import rapid
 
 C4 = "pettingzoo.classic.connect_four_v3"

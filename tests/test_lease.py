@@ -14,7 +14,7 @@ import pytest
 from rapid.errors import UsageError
 from rapid.infra.store import LocalStore
 from rapid.roles.startup import StopFlag
-from rapid.run.config import load_config, to_toml
+from rapid.run.config_files import load_config, to_toml
 from rapid.run.lease import LeaseHeld, RunLease
 from rapid.run.store_map import LEASE_PREFIX, lease_key
 from tests.helpers import RAPID, ROOT, wait_for

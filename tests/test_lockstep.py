@@ -14,7 +14,7 @@ from rapid.formats.experience import encode_experience
 from rapid.monitoring.logs import read_jsonl
 from rapid.roles.lockstep import NOTICE_EVERY_S, QUIET_WAIT_S, WaitNotice
 from rapid.roles.startup import StopFlag
-from rapid.run.config import load_config
+from rapid.run.config_files import load_config
 from rapid.run.store_map import experience_key, params_key
 from tests.helpers import RefusingStore
 from tests.test_scale_mpi import connect_four_shape, make_experience

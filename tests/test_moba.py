@@ -14,7 +14,7 @@ from rapid.envs.moba import MobaVecEnv
 from rapid.envs.moba.config import ATTACK, HEAL, NOOP, NUKE, STUN
 from rapid.envs.moba.pz import MobaParallelEnv
 from rapid.envs.moba.render import render_frame, write_gif
-from rapid.run.config import load_config
+from rapid.run.config_files import load_config
 from rapid.run.matches import play_match
 from tests.helpers import rapid
 

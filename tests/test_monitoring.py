@@ -17,13 +17,14 @@ import numpy as np
 import pytest
 
 from rapid.monitoring import metrics as M
+from rapid.monitoring import optimizer_metrics as O
 from rapid.monitoring import prom
 from rapid.monitoring.inference_metrics import InferenceMetrics
 from rapid.monitoring.report import write_report
 from tests.prometheus_server import prometheus  # noqa: F401  (fixture)
 
 MONITORING = Path(prom.__file__).resolve().parent
-ROLE_CLASSES = (M.RolloutMetrics, M.OptimizerMetrics, M.EvaluatorMetrics, M.LauncherMetrics, InferenceMetrics)
+ROLE_CLASSES = (M.RolloutMetrics, O.OptimizerMetrics, M.EvaluatorMetrics, M.LauncherMetrics, InferenceMetrics)
 
 
 def promtool() -> str:
@@ -50,7 +51,7 @@ def drive(roles: dict, n: int) -> None:
     o.staleness(np.arange(n % 10)), o.sample_reuse(1.5), o.buffer_size(512), o.param_version(n)
     o.update({"policy_loss": -0.01, "value_loss": 0.5, "entropy": 1.2, "approx_kl": 0.01, "clip_fraction": 0.1,
               "explained_variance": 0.3, "grad_norm": 2.0, "learning_rate": 3e-4})
-    for phase in M.UPDATE_PHASES:
+    for phase in O.UPDATE_PHASES:
         o.update_phase(phase, 0.001 * (1 + n % 4))
     o.store_op("params_put", 20_000, 0.005), o.episode(2.0, 90), o.win_rate("pool", 0.55), o.win_rate("bots", 0.8)
     if n % 11 == 0:
@@ -128,7 +129,7 @@ def test_roles_have_private_registries():
 
 
 def test_staleness_histogram_counts_whole_arrays():
-    o = M.OptimizerMetrics("s", 0)
+    o = O.OptimizerMetrics("s", 0)
     ints, floats = np.array([0, 0, 1, 3, 8, 9, 32, 33, 100]), np.array([0.5, 8.0, 40.0])
     o.staleness(ints)  # the integer fast path
     o.staleness(floats)  # the general path
@@ -136,7 +137,7 @@ def test_staleness_histogram_counts_whole_arrays():
     values = np.concatenate([ints, floats])
     labels = {"role": "optimizer", "rank": "0", "run": "s"}
     get = o.registry.get_sample_value
-    for bound in M.STALENESS_BUCKETS:
+    for bound in O.STALENESS_BUCKETS:
         assert get("rapid_sample_staleness_bucket", {**labels, "le": str(float(bound))}) == (values <= bound).sum()
     assert get("rapid_sample_staleness_bucket", {**labels, "le": "+Inf"}) == len(values)
     assert get("rapid_sample_staleness_sum", labels) == values.sum()

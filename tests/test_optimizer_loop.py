@@ -12,7 +12,7 @@ from rapid.infra.store import LocalStore
 from rapid.monitoring.logs import read_jsonl
 from rapid.optimizer.loader import ExperienceLoader
 from rapid.roles.startup import StopFlag
-from rapid.run.config import load_config
+from rapid.run.config_files import load_config
 from rapid.run.param_store import ParameterStore
 from rapid.run.store_map import experience_key
 from tests.test_scale_mpi import connect_four_shape, make_experience

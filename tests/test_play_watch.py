@@ -20,7 +20,7 @@ from PIL import Image
 from rapid.api import publish_untrained
 from rapid.cli import main
 from rapid.envs.moba.render import COLORS
-from rapid.run.config import load_config
+from rapid.run.config_files import load_config
 from tests.helpers import RAPID, ROOT
 
 TINY = ["model.hidden=16", "model.lstm=16"]

@@ -29,7 +29,7 @@ from rapid.roles.optimizer_loop import OptimizerLoop, Timing
 from rapid.roles.optimizer_parts import Parts
 from rapid.roles.startup import StopFlag
 from rapid.roles.steps import AllGather, AllReduce, Sleep, Until
-from rapid.run.config import load_config
+from rapid.run.config_files import load_config
 
 TIMEOUT_S = 4.0
 LOG = logging.getLogger("test-ranks-agree")

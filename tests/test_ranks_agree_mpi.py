@@ -27,7 +27,7 @@ import pytest
 from rapid.formats.experience import encode_experience
 from rapid.infra.store import LocalStore
 from rapid.optimizer.checkpoints import checkpoint_versions, load_checkpoint, load_latest_checkpoint
-from rapid.run.config import load_config
+from rapid.run.config_files import load_config
 from rapid.run.param_store import ParameterStore
 from rapid.run.store_map import checkpoint_key, experience_key
 from tests.mpi_scripts.optimizer_ranks import digest

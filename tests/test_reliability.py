@@ -34,7 +34,7 @@ from rapid.opt.learner import Learner
 from rapid.opt.model import Policy
 from rapid.optimizer.checkpoints import load_latest_checkpoint
 from rapid.roles.startup import env_spec
-from rapid.run.config import load_config, to_toml
+from rapid.run.config_files import load_config, to_toml
 from rapid.run.param_store import ParameterStore
 from rapid.run.store_map import params_key
 from tests.helpers import RAPID, ROOT, alive, rapid, wait_for, worker_keys

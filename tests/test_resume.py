@@ -26,7 +26,7 @@ from rapid.opt.model import Policy
 from rapid.optimizer.checkpoints import check_checkpoint, load_checkpoint, resume_point, save_checkpoint
 from rapid.roles import optimizer as optimizer_role
 from rapid.roles.startup import StopFlag
-from rapid.run.config import load_config
+from rapid.run.config_files import load_config
 from rapid.run.param_store import ParameterStore
 from rapid.run.store_map import CHECKPOINTS_LATEST, checkpoint_key, params_key, write_version_pointer
 from tests.helpers import rapid

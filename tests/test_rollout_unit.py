@@ -238,7 +238,7 @@ def test_uploader_backlog_stat_after_failed_flush(tmp_path, segments):
 
 def test_settings_are_a_view_of_the_config():
     """The worker's settings come from the config's sections and the env's step length, in one place."""
-    from rapid.run.config import load_config
+    from rapid.run.config_files import load_config
 
     cfg = load_config("configs/default.toml", overrides=["ppo.horizon_s=25", "rollout.bptt=8"])
     env = PettingZooVecEnv("pettingzoo.classic.connect_four_v3", num_games=1)

@@ -30,7 +30,7 @@ from rapid.opt.buffer import ExperienceBuffer
 from rapid.optimizer.checkpoints import load_latest_checkpoint
 from rapid.optimizer.loader import ExperienceLoader
 from rapid.roles.startup import env_spec
-from rapid.run.config import load_config
+from rapid.run.config_files import load_config
 from rapid.run.param_store import ParameterStore
 from rapid.run.store_map import experience_key, parse_experience_shard, shard_of, shard_owner
 from tests.helpers import wait_for

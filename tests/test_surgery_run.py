@@ -22,7 +22,7 @@ from rapid.league import League
 from rapid.optimizer.checkpoints import load_latest_checkpoint, resume_point
 from rapid.roles.startup import build_policy, env_spec
 from rapid.rollout.opponents import LeagueOpponents
-from rapid.run.config import load_config
+from rapid.run.config_files import load_config
 from rapid.run.lease import RunLease
 from rapid.run.param_store import ParameterStore
 from rapid.run.store_map import surgery_states

@@ -15,7 +15,7 @@ import torch
 from rapid.formats.experience import encode_experience
 from rapid.infra.store import LocalStore
 from rapid.monitoring.logs import read_jsonl
-from rapid.run.config import load_config
+from rapid.run.config_files import load_config
 from rapid.run.param_store import ParameterStore
 from rapid.run.store_map import experience_key
 from tests.test_distributed import clean_env

@@ -19,7 +19,7 @@ The file says what it holds: its ``rapid.json`` (TorchScript: an extra file of t
 
 >>> import tempfile, torch
 >>> from rapid.api import load_policy, publish_untrained
->>> from rapid.run.config import load_config
+>>> from rapid.run.config_files import load_config
 >>> policy = load_policy(publish_untrained(load_config(None, ["model.hidden=16", "model.lstm=16"]),
 ...                                        tempfile.mkdtemp()))
 >>> path = export_policy(policy, "torchscript", tempfile.mkdtemp() + "/c4.pt")

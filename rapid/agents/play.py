@@ -8,7 +8,7 @@ sure loss in these games).
 
 >>> import io, tempfile
 >>> from rapid.api import load_policy, publish_untrained
->>> from rapid.run.config import load_config
+>>> from rapid.run.config_files import load_config
 >>> policy = load_policy(publish_untrained(load_config(None, ["env.name=pettingzoo.classic.tictactoe_v3",
 ...     "model.hidden=16", "model.lstm=16"]), tempfile.mkdtemp()))
 >>> moves = iter(["9", "0", "1", "2", "3", "4", "5", "6", "7", "8"])

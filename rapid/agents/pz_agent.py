@@ -10,7 +10,7 @@ Usage (connect four: the policy plays ``player_0``; a fixed column for ``player_
     >>> import tempfile
     >>> from pettingzoo.classic import connect_four_v3
     >>> from rapid.api import load_policy, publish_untrained
-    >>> from rapid.run.config import load_config
+    >>> from rapid.run.config_files import load_config
     >>> run = publish_untrained(load_config(None, ["model.hidden=16", "model.lstm=16"]), tempfile.mkdtemp())
     >>> env = connect_four_v3.env()
     >>> env.reset(seed=0)

@@ -11,7 +11,7 @@ Endpoints: ``GET /`` the page, ``GET /frame.png`` the newest frame, ``GET /state
 
 >>> import json, tempfile, urllib.request
 >>> from rapid.api import publish_untrained
->>> from rapid.run.config import load_config
+>>> from rapid.run.config_files import load_config
 >>> cfg = load_config(None, ["env.name=moba", "model.hidden=16", "model.lstm=16"])
 >>> run = publish_untrained(cfg, tempfile.mkdtemp())
 >>> match = Match(load_config(run / "config.toml", [f'run.dir="{run}"']), "latest", "lane", speed=64.0)

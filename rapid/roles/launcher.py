@@ -30,7 +30,8 @@ from rapid.errors import UsageError
 from rapid.monitoring.metrics import LauncherMetrics
 from rapid.roles.startup import StopFlag, check_run_dir, log_to_file, rollout_seed, start_metrics
 from rapid.rollout.inference import inference_mode
-from rapid.run.config import Config, to_toml
+from rapid.run.config import Config
+from rapid.run.config_files import to_toml
 from rapid.run.progress import Progress, RunLogs, final_summary
 
 PR_SET_PDEATHSIG = 1

@@ -22,7 +22,7 @@ from rapid.formats.checkpoint import Checkpoint
 from rapid.formats.experience import Shape
 from rapid.infra.distributed import ALONE, Identity, LayoutError, choose_device_and_backend
 from rapid.infra.store import StoreError
-from rapid.monitoring.metrics import OptimizerMetrics
+from rapid.monitoring.optimizer_metrics import OptimizerMetrics
 from rapid.opt.buffer import ExperienceBuffer
 from rapid.opt.learner import Learner, allow_tf32, precision_settings
 from rapid.optimizer.checkpoints import save_checkpoint
@@ -38,7 +38,8 @@ from rapid.roles.optimizer_report import OptimizerReport
 from rapid.roles.start_point import agree_on_start
 from rapid.roles.startup import JsonlLog, StopFlag, build_policy, env_spec, open_run_store, setup_logging, start_metrics
 from rapid.roles.steps import drive
-from rapid.run.config import Config, to_toml
+from rapid.run.config import Config
+from rapid.run.config_files import to_toml
 from rapid.run.lease import RunLease
 from rapid.run.param_store import ParameterStore
 from rapid.run.store_map import EXPERIENCE_PREFIX, read_layout, write_layout

@@ -8,7 +8,7 @@ Usage::
     >>> from rapid.formats.experience import Shape
     >>> from rapid.infra.store import LocalStore
     >>> from rapid.optimizer.loader import ExperienceLoader
-    >>> from rapid.monitoring.metrics import OptimizerMetrics
+    >>> from rapid.monitoring.optimizer_metrics import OptimizerMetrics
     >>> from rapid.opt.buffer import ExperienceBuffer
     >>> from rapid.roles.startup import JsonlLog
     >>> run_dir = tempfile.mkdtemp()

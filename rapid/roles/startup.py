@@ -45,7 +45,7 @@ def open_run_store(cfg: Config, metrics=None) -> Store:
 def check_run_dir(cfg: Config) -> None:
     """Refuse a run directory whose config.toml belongs to a run on another store: its logs would mix with
     this run's and `rapid eval --run-dir` would read the other store."""
-    from rapid.run.config import load_config
+    from rapid.run.config_files import load_config
 
     run_dir = cfg.derive().run_dir
     path = Path(run_dir) / "config.toml"

@@ -32,7 +32,8 @@ import numpy as np
 from rapid.infra.identity import env_outside_launchers
 from rapid.rollout.inference import ActRequest, ActResult, InferenceLost, concat_rows
 from rapid.rollout.inference_wire import BadMessage, Frames, SharedBlock, SlotLayout, connect, frame, socket_address
-from rapid.run.config import Config, to_toml
+from rapid.run.config import Config
+from rapid.run.config_files import to_toml
 
 log = logging.getLogger(__name__)
 CONFIG_NAME = "inference-config.toml"

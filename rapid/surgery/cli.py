@@ -36,7 +36,7 @@ def _configs(args):
     from pathlib import Path
 
     from rapid.errors import UsageError
-    from rapid.run.config import load_config
+    from rapid.run.config_files import load_config
 
     path = Path(args.run_dir) / "config.toml"
     if not path.is_file():

@@ -34,7 +34,8 @@ from rapid.infra.store import KeyNotFound, Store
 from rapid.league import League
 from rapid.optimizer.checkpoints import check_checkpoint, load_latest_checkpoint, newest_version_in_use
 from rapid.roles.startup import build_policy, env_spec
-from rapid.run.config import Config, to_dict, to_toml
+from rapid.run.config import Config
+from rapid.run.config_files import to_dict, to_toml
 from rapid.run.param_store import ParameterStore
 from rapid.run.store_map import (
     CHECKPOINTS_LATEST,

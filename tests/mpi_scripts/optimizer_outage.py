@@ -48,7 +48,7 @@ def main(config_path: str, timeout_s: float, outage_s: float, resume: bool) -> N
     import rapid.roles.optimizer as optimizer
     from rapid.infra.distributed import abort_on_error, detect_identity, init_process_group
     from rapid.roles.startup import StopFlag
-    from rapid.run.config import load_config
+    from rapid.run.config_files import load_config
 
     learners, window = [], {}
 

@@ -40,7 +40,7 @@ def main(config_path: str, timeout_s: float = 120.0) -> None:
     import rapid.roles.optimizer
     from rapid.infra.distributed import abort_on_error, detect_identity, init_process_group
     from rapid.roles.startup import StopFlag
-    from rapid.run.config import load_config
+    from rapid.run.config_files import load_config
 
     learners = []
 
