@@ -31,9 +31,9 @@ With several ranks every rank calls ``update`` in lock step; ``all_reduce`` aver
 ``all_reduce_mean`` pools the batch statistics, so the parameters and normalizers stay identical everywhere
 and equal to one process training on the union of the batches.
 
-One update costs three collectives and one wait of the host for the device: the advantage and return sums
-(before the losses), the gradients together with the observation sums and a "this rank's losses were not
-finite" flag (after the backward passes), and the figures read back at the end. The batch reaches the device
+One update costs two collectives and one wait of the host for the device: the collectives carry the advantage
+and return sums (before the losses), then the gradients together with the observation sums and a "this rank's
+losses were not finite" flag (after the backward passes); the wait reads every figure back at the end. The batch reaches the device
 through :mod:`rapid.opt.pipeline` (on CUDA: pinned memory, a side stream, one copy per chunk, the next batch
 staged while this one trains). With ``microbatch_samples`` at most two chunks of the batch (the one training
 and the next, being copied) and the next batch's first are on the device at once, and the statistics are summed

@@ -1,7 +1,7 @@
 """moba learns: a short `rapid train` of the shipped 1v1 config, through its real processes, beats `random`.
 
 The full target (≥ 70% against the `lane` bot within 20 minutes) is a benchmark, recorded in BENCHMARKS.md
-(`## moba learning`); this is the cheap version for the test suite: two minutes of training, then an
+(`## Learning: moba 1v1`); this is the cheap version for the test suite: two minutes of training, then an
 independent `rapid eval` of the newest version over 100 games with its own seed.
 """
 
