@@ -33,11 +33,11 @@ and equal to one process training on the union of the batches.
 
 One update costs two collectives and one wait of the host for the device: the collectives carry the advantage
 and return sums (before the losses), then the gradients together with the observation sums and a "this rank's
-losses were not finite" flag (after the backward passes); the wait reads every figure back at the end. The batch reaches the device
-through :mod:`rapid.opt.pipeline` (on CUDA: pinned memory, a side stream, one copy per chunk, the next batch
-staged while this one trains). With ``microbatch_samples`` at most two chunks of the batch (the one training
-and the next, being copied) and the next batch's first are on the device at once, and the statistics are summed
-chunk by chunk, so the peak memory follows the chunk, not the batch.
+losses were not finite" flag (after the backward passes); the wait reads every figure back at the end. The
+batch reaches the device through :mod:`rapid.opt.pipeline` (on CUDA: pinned memory, a side stream, one copy per
+chunk, the next batch staged while this one trains). With ``microbatch_samples`` at most two chunks of the batch
+(the one training and the next, being copied) and the next batch's first are on the device at once, and the
+statistics are summed chunk by chunk, so the peak memory follows the chunk, not the batch.
 
 The losses are computed with the normalizers the data was collected with; the normalizers move only
 afterwards, with the same update (so fresh data has a PPO ratio of exactly 1).

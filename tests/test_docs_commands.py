@@ -32,7 +32,8 @@ from rapid.run.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 # docs/benchmarks-history.md keeps superseded figures with the commands of their day: history, not a claim.
-DOCS = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "benchmarks-history.md")]
+DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md",
+        *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "benchmarks-history.md")]
 # Console scripts (pyproject.toml) and the `rapid` command words each one stands for.
 PROGRAMS = {"rapid": [], "rapid-optimizer": ["optimizer"], "rapid-rollout": ["rollout"], "rapid-league": ["league"]}
 LAUNCHERS = {"mpiexec", "mpirun", "srun", "torchrun"}

@@ -12,6 +12,7 @@ Each is the best of a few runs of ``time.process_time`` (CPU, not wall: the mode
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -81,6 +82,7 @@ def pool_json_s_per_kb() -> float:
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     figures = {"decode_s_per_mb": decode_s_per_mb(), "list_page_s": list_page_s(),
                "encode_s_per_mb": encode_s_per_mb(), "pool_json_s_per_kb": pool_json_s_per_kb()}
     for name, value in figures.items():
