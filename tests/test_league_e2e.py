@@ -58,7 +58,7 @@ def test_opponent_fixed_for_a_whole_game_and_state_reset_at_game_start():
 
 def test_training_plays_past_opponents_in_the_configured_share(tmp_path):
     run = tmp_path / "league"
-    rapid("train", "--config", "configs/default.toml", "--run-dir", str(run), "--minutes", "1.3", "--no-progress",
+    rapid("train", "--config", "configs/default.toml", "--run-dir", str(run), "--minutes", "0.5", "--no-progress",
           "--set", "rollout.upload_interval_s=1.0", "--set", "env.num_games=64", "--set", "league.snapshot_every=4",
           "--set", "league.latest_prob=0.7", "--set", "league.refresh_s=1", "--set", "eval.interval_s=10",
           "--set", "eval.games=60", "--set", "store.retention_s=0", timeout=300)
