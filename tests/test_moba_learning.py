@@ -1,22 +1,23 @@
 """moba learns: a short `rapid train` of the shipped 1v1 config, through its real processes, beats `random`.
 
 The full target (≥ 70% against the `lane` bot within 20 minutes) is a benchmark, recorded in BENCHMARKS.md
-(`## Learning: moba 1v1`); this is the cheap version for the test suite: two minutes of training, then an
-independent `rapid eval` of the newest version over 100 games with its own seed.
+(`## Learning: moba 1v1`); this is the cheap version for the test suite: 90 seconds of training, then an
+independent `rapid eval` of the newest version over 100 games with its own seed. (On the 2-core VM on 2026-11-26,
+with nothing else running, the newest version won 100 of 100 after 90 s (v38) and after 60 s (v24).)
 """
 
 from __future__ import annotations
 
 from tests.helpers import rapid
 
-# The shipped config, minus the evaluator (it would take CPU from the two minutes of training) and with one
+# The shipped config, minus the evaluator (it would take CPU from the training) and with one
 # rollout worker, as on a machine where other tests run at the same time.
 QUICK = ["--set", "eval.interval_s=0", "--set", "run.num_workers=1"]
 
 
-def test_moba_1v1_two_minutes_beats_random(tmp_path):
+def test_moba_1v1_beats_random_after_90_seconds(tmp_path):
     run = tmp_path / "moba"
-    rapid("train", "--config", "configs/moba-1v1.toml", "--run-dir", str(run), "--minutes", "2", "--no-progress",
+    rapid("train", "--config", "configs/moba-1v1.toml", "--run-dir", str(run), "--minutes", "1.5", "--no-progress",
           *QUICK, timeout=420)
     out = rapid("eval", "--run-dir", str(run), "--version", "latest", "--against", "random", "--games", "100",
                 "--seed", "4242", timeout=420)
