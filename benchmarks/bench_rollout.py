@@ -76,7 +76,7 @@ def _server_status(cfg: Config, run_id: str) -> dict:
     probe = NodeClient(str(node_folder(cfg, run_id)), SlotLayout(1, 1, spec.obs_dim, spec.mask_dim,
                                                                  len(spec.action_heads), cfg.model.lstm))
     try:
-        return probe.status()
+        return probe.status(stats=True)
     finally:
         probe.close()
 

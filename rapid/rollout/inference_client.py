@@ -162,8 +162,9 @@ class NodeClient:
     def call(self, message: dict) -> dict:
         return self.wait(self.send(message))
 
-    def status(self) -> dict:
-        return self.call({"op": "status"})
+    def status(self, stats: bool = False) -> dict:
+        """The version the server plays (and its meta); with ``stats``, its batch figures too."""
+        return self.call({"op": "status", "stats": stats})
 
     def load_opponent(self, member_id: str) -> None:
         answer = self.call({"op": "opponent", "member": member_id})

@@ -22,7 +22,7 @@ import os
 import selectors
 import socket
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -64,15 +64,14 @@ class BatchStats:
     rows: int = 0
     busy_s: float = 0.0
     started: float = field(default_factory=time.monotonic)
-    waits_s: list[float] = field(default_factory=list)
-    sizes: list[int] = field(default_factory=list)
+    waits_s: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+    """The latest requests' waits: appended per batch without copying the window."""
 
     def record(self, size: int, waits: list[float], busy_s: float) -> None:
         self.batches += 1
         self.rows += size
         self.busy_s += busy_s
-        self.sizes = (self.sizes + [size])[-10_000:]
-        self.waits_s = (self.waits_s + waits)[-10_000:]
+        self.waits_s.extend(waits)
 
     def summary(self) -> dict:
         waits = np.asarray(self.waits_s or [0.0])
@@ -195,8 +194,11 @@ class InferenceServer:
             self._opponent(str(message["member"]))
             self._answer(worker, {"id": message["id"]})
         elif op == "status":
+            # Workers ask every segment and need the version only; the batch figures (percentiles over the window)
+            # are computed for whoever asks for them (benchmarks/bench_rollout.py).
+            stats = self.stats.summary() if message.get("stats") else {}
             self._answer(worker, {"id": message["id"], "version": self.version, "meta": self.meta,
-                                  "behind_s": float(self.params.behind_s()), **self.stats.summary()})
+                                  "behind_s": float(self.params.behind_s()), **stats})
         else:
             raise ValueError(f"unknown op {op!r}")
 
