@@ -57,6 +57,35 @@ def gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, last_value: 
     return advantages, advantages + values.astype(np.float32)
 
 
+@torch.no_grad()
+def vtrace(behaviour_logp: torch.Tensor, target_logp: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor,
+           values: torch.Tensor, bootstrap: torch.Tensor, rho_bar: float, c_bar: float, lam: float
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """V-trace (IMPALA, Espeholt et al. 2018, eq. 1) over samples [S, T], time along dim 1: (value targets v_s,
+    policy advantages ρ_s·(r_s + γ_s·v_{s+1} − V(x_s))), both [S, T]. Targets: no gradient flows through them.
+
+    ``values`` [S, T] are the target policy's V(x_s), ``bootstrap`` [S] the value after each sample's last step
+    (v_T = V(x_T) = bootstrap). ``discounts[s]`` is γ_s, the discount to the next step, 0 where the game ended
+    at step s, so nothing is bootstrapped across it. With π/μ the ratio of the target's probability of the
+    taken action to the behaviour's: ρ_s = min(ρ̄, π/μ) weighs each TD error, and the traces c_s = λ·min(c̄, π/μ)
+    (the paper's §4.2 remark) cut the corrections carried back from later steps. When the policies agree and
+    ρ̄, c̄ ≥ 1, v_s is GAE(λ)'s return, and the advantage GAE's for λ = 1.
+    """
+    ratio = (target_logp - behaviour_logp).exp()
+    rho = ratio.clamp(max=rho_bar)
+    traces = lam * ratio.clamp(max=c_bar)
+    next_values = torch.cat([values[:, 1:], bootstrap[:, None]], 1)
+    deltas = rho * (rewards + discounts * next_values - values)
+    corrections = torch.empty_like(values)  # v_s − V(x_s) = δ_s + γ_s·c_s·(v_{s+1} − V(x_{s+1}))
+    running = torch.zeros_like(bootstrap)
+    for t in reversed(range(values.shape[1])):
+        running = deltas[:, t] + discounts[:, t] * traces[:, t] * running
+        corrections[:, t] = running
+    targets = values + corrections
+    next_targets = torch.cat([targets[:, 1:], bootstrap[:, None]], 1)
+    return targets, rho * (rewards + discounts * next_targets - values)
+
+
 def masked_mean(x: torch.Tensor, weights: torch.Tensor, total: torch.Tensor | float | None = None) -> torch.Tensor:
     """Weighted mean of ``x``; with ``total`` the weighted sum divided by that count instead of the local weight sum,
     so that chunks of one batch (microbatches, ranks) add up to the mean over the whole batch."""
