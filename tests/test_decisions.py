@@ -27,6 +27,7 @@ def test_a_decision_is_discounted_over_every_game_step_until_the_agents_next_one
     assert d.complete().tolist() == [0, 1, 2]
     arrays = d.take(np.array([0]), gamma=GAMMA, lam=1.0)
     np.testing.assert_allclose(arrays["returns"].ravel(), [GAMMA ** 9, GAMMA ** 6, GAMMA ** 3, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(arrays["discounts"].ravel(), [GAMMA ** 3] * 3 + [0.0], rtol=1e-6)  # γ per game step
     assert arrays["first"].ravel().tolist() == [True, False, False, False]
     assert arrays["opponent"].tolist() == ["latest", "latest"] and arrays["version"].tolist() == [5, 5]
     assert d.n[0] == 0 and d.complete().tolist() == [1, 2]
@@ -78,3 +79,33 @@ def test_a_game_cut_at_a_time_limit_bootstraps_from_the_value_of_the_view_at_the
     np.testing.assert_allclose(returns[None], [0.5 + GAMMA * 0.5, 0.5], rtol=1e-6)
     last = 0.5 + GAMMA * 4.0
     np.testing.assert_allclose(returns[4.0], [0.5 + GAMMA * last, last], rtol=1e-6)
+
+
+def test_each_sample_carries_the_rewards_discounts_and_bootstrap_its_targets_came_from():
+    """What a learner needs to compute V-trace itself: with λ = 0 the worker's advantage of every step is its
+    one-step TD error from these fields alone (r_t + γ_t·V(x_{t+1}) − V(x_t), the sample's bootstrap after its
+    last step). A game cut at a time limit after step 1 (the first sample's last) adds the discounted value of
+    the view there to that step's reward and bootstraps from nothing more; the next game starts at step 2."""
+    d = Decisions(rows=1, size=4, bptt=2, obs_dim=2, mask_dim=3, heads=1, lstm=4)
+    rewards = [0.5, -1.0, 0.25, 2.0, 0.0]
+    for k in range(5):
+        d.record(np.array([0]), version=1, opponents=["latest"], **inputs(1, value=10.0 * (k + 1)))
+        d.after_step(np.array([rewards[k]]), ended=np.array([k == 1]),
+                     cut_values=np.array([7.0]) if k == 1 else None)
+    arrays = d.take(d.complete(), gamma=GAMMA, lam=0.0)
+    np.testing.assert_allclose(arrays["rewards"], [[0.5, -1.0 + GAMMA * 7.0], [0.25, 2.0]], rtol=1e-6)
+    np.testing.assert_array_equal(arrays["discounts"], np.float32([[GAMMA, 0.0], [GAMMA, GAMMA]]))
+    assert arrays["bootstrap"].tolist() == [0.0, 50.0]  # the game ended; the fifth decision's value
+    assert {arrays[k].dtype for k in ("rewards", "discounts", "bootstrap")} == {np.dtype(np.float32)}
+    following = np.concatenate([arrays["values"][:, 1:], arrays["bootstrap"][:, None]], 1)
+    td = arrays["rewards"] + arrays["discounts"] * following - arrays["values"]
+    np.testing.assert_allclose(arrays["advantages"], td, rtol=1e-6)
+
+
+def test_an_inner_sample_bootstraps_from_the_next_samples_first_value():
+    d = Decisions(rows=1, size=4, bptt=2, obs_dim=2, mask_dim=3, heads=1, lstm=4)
+    for k in range(5):
+        d.record(np.array([0]), version=1, opponents=["latest"], **inputs(1, value=k + 1.0))
+        d.after_step(np.zeros(1), ended=np.zeros(1, bool))
+    arrays = d.take(d.complete(), gamma=GAMMA, lam=0.95)
+    assert arrays["bootstrap"].tolist() == [3.0, 5.0] and (arrays["discounts"] == np.float32(GAMMA)).all()

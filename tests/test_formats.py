@@ -45,6 +45,7 @@ def make_arrays(shape: Shape = SHAPE, S: int = 3, seed: int = 0) -> dict[str, np
     out["mask"][..., 0] = True
     for h, offset in enumerate(np.cumsum((0, *shape.head_sizes[:-1]))):  # the taken actions are allowed
         np.put_along_axis(out["mask"], offset + out["actions"][..., h:h + 1], True, axis=-1)
+    out["discounts"] = rng.random((S, *shape.fields()["discounts"][1])).astype(np.float32)  # within [0, 1]
     out["opponent"] = np.array([0, 1, 0], np.int32)[:S]
     out["version"] = np.array([5, 6, 7], np.int64)[:S]
     return out
@@ -321,7 +322,7 @@ def test_wrong_format_name_and_version(kind):
     other = {"experience": params.FORMAT, "params": ckpt_mod.FORMAT, "checkpoint": experience.FORMAT}[kind]
     assert_format_error(decode, msgpack.packb([other, version, crc, payload], use_bin_type=True))
     assert_format_error(decode, msgpack.packb([name + "x", version, crc, payload], use_bin_type=True))
-    for v in (0, 2, -1, 99, "1", None):
+    for v in (0, version - 1, version + 1, -1, 99, "1", None):
         assert_format_error(decode, msgpack.packb([name, v, crc, payload], use_bin_type=True))
     # checksum mismatch and wrong envelope shapes
     assert_format_error(decode, msgpack.packb([name, version, crc ^ 1, payload], use_bin_type=True))
@@ -332,6 +333,20 @@ def test_wrong_format_name_and_version(kind):
     for other_kind, (_, other_make) in DECODERS.items():
         if other_kind != kind:
             assert_format_error(decode, other_make())
+
+
+def test_an_experience_object_of_format_version_1_is_refused():
+    """Version 2 added each step's rewards and discounts and each sample's bootstrap (V-trace's inputs); a version 1
+    object, without them, is a bad object like any other (counted and skipped), even with them added."""
+    tree = batch_tree(make_batch())
+    added = ("rewards", "discounts", "bootstrap")
+    assert decode_experience(codec.encode(experience.FORMAT, 2, tree), SHAPE).num_samples == 3
+    for name in added:
+        assert_format_error(decode_experience, codec.encode(experience.FORMAT, 2, {
+            **tree, "arrays": {k: v for k, v in tree["arrays"].items() if k != name}}), SHAPE)
+    old = {**tree, "arrays": {k: v for k, v in tree["arrays"].items() if k not in added}}
+    assert_format_error(decode_experience, codec.encode(experience.FORMAT, 1, old), SHAPE)
+    assert_format_error(decode_experience, codec.encode(experience.FORMAT, 1, tree), SHAPE)
 
 
 def test_version_must_be_an_int():
@@ -390,13 +405,20 @@ def test_experience_bad_values():
         mutate(tree)
         assert_format_error(decode_experience, enc_exp(tree), SHAPE)
 
-    for name in ("obs", "logp", "values", "advantages", "returns", "h0", "c0"):
+    for name in ("obs", "logp", "values", "advantages", "returns", "rewards", "discounts", "bootstrap", "h0", "c0"):
         for bad in (np.nan, np.inf, -np.inf):
             def put(t, name=name, bad=bad):
                 a = t["arrays"][name].copy()
                 a.reshape(-1)[-1] = bad
                 t["arrays"][name] = a
             check(put)
+
+    for bad in (-0.01, 1.01):
+        def discount(t, bad=bad):
+            a = t["arrays"]["discounts"].copy()
+            a[1, 2] = bad
+            t["arrays"]["discounts"] = a
+        check(discount)
 
     def opp_oob(t):
         t["arrays"]["opponent"] = np.array([0, 2, 0], np.int32)

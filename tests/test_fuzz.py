@@ -50,6 +50,7 @@ def _valid_experience() -> bytes:
         arrays[name] = (rng.normal(size=shape).astype(dtype) if dtype.startswith("float")
                         else np.ones(shape, dtype) if dtype == "bool" else np.zeros(shape, dtype))
     arrays["actions"][..., 0] = [[0, 2], [1, 0]]
+    arrays["discounts"][:] = 0.9  # a discount lies within [0, 1]
     arrays["actions"][..., 1] = [[1, 1], [0, 1]]
     return encode_experience(ExperienceBatch("w", 1, 0.0, arrays, ["latest"], [
         {"learner_version": 0, "opponent": "latest", "learner_side": 0, "winner": "draw", "length": 3,

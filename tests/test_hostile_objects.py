@@ -30,6 +30,7 @@ def good_batch(S: int = 4) -> ExperienceBatch:
                         else np.ones(full, dtype) if dtype == "bool" else np.zeros(full, dtype))
     arrays["actions"][..., 0] = 1
     arrays["actions"][..., 1] = 2
+    arrays["discounts"][:] = 0.9  # a discount lies within [0, 1]
     return ExperienceBatch("w0", 3, 1.0, arrays, ["latest"],
                            [{"learner_version": 2, "opponent": "latest", "learner_side": 0, "winner": "draw",
                              "length": 9, "learner_return": 0.0}], env_steps=24)
@@ -119,18 +120,19 @@ def nested_empty(width: int, per: int) -> bytes:
     return b"\xdc" + width.to_bytes(2, "big") + inner * width
 
 
-def wrapped(fmt: str, payload: bytes) -> bytes:
+def wrapped(fmt: str, payload: bytes, version: int = 1) -> bytes:
     import zlib
 
-    return msgpack.packb([fmt, 1, zlib.crc32(payload), payload], use_bin_type=True)
+    return msgpack.packb([fmt, version, zlib.crc32(payload), payload], use_bin_type=True)
 
 
 def test_nested_empty_containers_are_refused_before_they_are_built():
     payload = nested_empty(2000, 1000)  # 2 MB that would decode into 2 million lists (~130 MB)
     for decode in (lambda d: decode_experience(d, SHAPE), decode_params):
-        fmt = experience.FORMAT if decode is not decode_params else "rapid.params"
+        fmt, version = ((experience.FORMAT, experience.FORMAT_VERSION) if decode is not decode_params
+                        else ("rapid.params", 1))
         with pytest.raises(FormatError, match="items"):
-            decode(wrapped(fmt, payload))
+            decode(wrapped(fmt, payload, version))
 
 
 def test_deep_nesting_is_refused():

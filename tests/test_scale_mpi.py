@@ -123,6 +123,8 @@ def make_experience(shape: Shape, worker: str, seq: int, samples: int, version: 
         "values": rng.standard_normal((S, T)).astype(np.float32),
         "advantages": rng.standard_normal((S, T)).astype(np.float32),
         "returns": rng.standard_normal((S, T)).astype(np.float32),
+        "rewards": rng.standard_normal((S, T)).astype(np.float32), "discounts": np.full((S, T), 0.99, np.float32),
+        "bootstrap": rng.standard_normal(S).astype(np.float32),
         "active": np.ones((S, T), bool), "own": np.ones((S, T), bool), "first": first,
         "h0": np.zeros((S, shape.lstm), np.float32), "c0": np.zeros((S, shape.lstm), np.float32),
         "version": np.full(S, version, np.int64), "opponent": np.zeros(S, np.int32),

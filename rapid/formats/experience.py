@@ -1,7 +1,9 @@
 """Experience objects: a batch of samples of ``bptt`` steps from one rollout worker.
 
 Every sample carries the LSTM state at its start, the policy version that produced it and the opponent
-it played. Usage::
+it played; the worker's GAE advantages and returns, and what they were computed from (each step's rewards and
+discounts, the value after the sample's last step), so that a learner may compute its own (V-trace). Format
+version 2 added those three fields: an object of version 1 is refused like any bad object. Usage::
 
     >>> shape = Shape(bptt=4, obs_dim=3, mask_dim=2, heads=1, lstm=8)   # or Shape.of(env.spec, bptt=16, lstm=256)
     >>> arrays = {name: np.zeros((2, *dims), dtype) for name, (dtype, dims) in shape.fields().items()}   # S = 2
@@ -26,7 +28,7 @@ from rapid.errors import FormatError
 from rapid.formats import codec
 
 FORMAT = "rapid.experience"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 LIMITS = codec.Limits(max_bytes=512 << 20, max_array_bytes=256 << 20, max_elements=200_000)
 MAX_SAMPLES = 1 << 20
 MAX_STEPS = 4096
@@ -73,6 +75,9 @@ def _fields(T: int, obs_dim: int, mask_dim: int, heads: int, lstm: int) -> dict[
         "values": ("float32", (T,)),
         "advantages": ("float32", (T,)),
         "returns": ("float32", (T,)),
+        "rewards": ("float32", (T,)),
+        "discounts": ("float32", (T,)),
+        "bootstrap": ("float32", ()),
         "active": ("bool", (T,)),
         "own": ("bool", (T,)),
         "first": ("bool", (T,)),
@@ -217,9 +222,11 @@ def _batch(tree, expected: dict[str, tuple[str, tuple]], head_sizes: tuple[int, 
         raise FormatError(f"{where}: negative policy version")
     if max_version is not None and (arrays["version"] > max_version).any():
         raise FormatError(f"{where}: policy version newer than v{max_version}, the newest published")
-    for name in ("obs", "logp", "values", "advantages", "returns", "h0", "c0"):
+    for name in ("obs", "logp", "values", "advantages", "returns", "rewards", "discounts", "bootstrap", "h0", "c0"):
         if not np.isfinite(arrays[name]).all():
             raise FormatError(f"{where}: {name} has non-finite values")
+    if arrays["discounts"].size and not 0.0 <= arrays["discounts"].min() <= arrays["discounts"].max() <= 1.0:
+        raise FormatError(f"{where}: a discount outside [0, 1]")
     if not arrays["mask"].any(-1).all():
         raise FormatError(f"{where}: a step with an all-forbidden action mask")
     _check_actions(arrays, head_sizes, where)

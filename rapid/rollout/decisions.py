@@ -116,7 +116,12 @@ class Decisions:
         """The complete segments of ``rows`` as samples [rows·size/bptt, bptt, ...] with advantages and
         returns (``gamma`` per game step); ``opponent`` holds each sample's opponent id (the experience format
         wants an index: ``RolloutWorker.collect`` makes it). The rows keep only the decision after their
-        segment."""
+        segment.
+
+        For a learner that recomputes the targets (V-trace) each sample also carries what GAE was fed: each
+        step's ``rewards`` (mixed, a cut game's value included), ``discounts`` (γ over the game steps to the next
+        decision, 0 where the game ended) and its ``bootstrap``: the value of the decision after its last step
+        (the next sample's first, the segment's for its last sample; 0 where the game ended)."""
         T, L = self.size, self.bptt
         bootstrap = np.where(self.n[rows] > T, self.values[rows, T], 0.0)
         seg = {name: getattr(self, name)[rows, :T] for name in PER_DECISION}
@@ -133,6 +138,11 @@ class Decisions:
         arrays = {name: samples(seg[name]) for name in ("obs", "mask", "actions", "logp", "values", "first",
                                                          "active")}
         arrays["advantages"], arrays["returns"] = samples(adv.T), samples(ret.T)
+        arrays["rewards"] = samples(rewards.astype(np.float32))
+        arrays["discounts"] = samples((discount * ~seg["done"]).astype(np.float32))
+        following = np.concatenate([seg["values"][:, L::L], bootstrap[:, None]], 1)  # [rows, samples per segment]
+        ended = samples(seg["done"])[:, -1]
+        arrays["bootstrap"] = np.where(ended, 0.0, following.reshape(per_sample)).astype(np.float32)
         arrays["own"] = np.ones_like(arrays["active"])
         lstm = self.h0.shape[-1]
         arrays["h0"] = np.ascontiguousarray(self.h0[rows, :T // L].reshape(per_sample, lstm))
