@@ -25,6 +25,9 @@ def check_unit(errors: list[str], where: str, value) -> None:
         errors.append(f"{where} must be within [0, 1] (got {value})")
 
 
+OFF_POLICY = ("none", "vtrace")
+
+
 @dataclass
 class PPOConfig:
     lr: float = 3e-4
@@ -39,7 +42,18 @@ class PPOConfig:
     clip: float = 0.2
     """PPO ratio clip."""
     gae_lambda: float = 0.95
-    """GAE's λ: 0 bootstraps from the next value, 1 is the Monte Carlo return."""
+    """GAE's λ: 0 bootstraps from the next value, 1 is the Monte Carlo return; V-trace's traces are λ·min(c̄, π/μ)."""
+    off_policy: str = "none"
+    """How the learner corrects for experience that a policy older than its own played: "none" trains on the
+    worker's GAE advantages and returns (PPO's clipped ratio the only correction); "vtrace" recomputes them
+    with IMPALA's V-trace from the learner's own values and log-probs (one more forward pass per update), its
+    traces λ = gae_lambda."""
+    vtrace_rho_bar: float = 1.0
+    """V-trace's ρ̄: each step's importance weight is capped at ρ̄; the values learnt are those of a policy between
+    the behaviour's (ρ̄ near 0) and the learner's (ρ̄ infinite). 1 is IMPALA's."""
+    vtrace_c_bar: float = 1.0
+    """V-trace's c̄: the traces that carry later steps' corrections back are capped at c̄ (how far stale
+    experience reaches; 1 is IMPALA's)."""
     horizon_s: float = 100.0
     """Reward horizon in game seconds; gamma = 1 - seconds_per_step / horizon_s."""
     value_coef: float = 0.5
@@ -80,6 +94,10 @@ class PPOConfig:
         check_positive(e, "ppo.lr", self.lr)
         check_positive(e, "ppo.clip", self.clip)
         check_unit(e, "ppo.gae_lambda", self.gae_lambda)
+        if self.off_policy not in OFF_POLICY:
+            e.append(f"ppo.off_policy must be 'none' or 'vtrace' (got {self.off_policy!r})")
+        check_positive(e, "ppo.vtrace_rho_bar", self.vtrace_rho_bar)
+        check_positive(e, "ppo.vtrace_c_bar", self.vtrace_c_bar)
         check_positive(e, "ppo.horizon_s", self.horizon_s)
         check_positive(e, "ppo.value_coef", self.value_coef, allow_zero=True)
         check_positive(e, "ppo.value_clip", self.value_clip, allow_zero=True)

@@ -41,6 +41,18 @@ statistics are summed chunk by chunk, so the peak memory follows the chunk, not 
 
 The losses are computed with the normalizers the data was collected with; the normalizers move only
 afterwards, with the same update (so fresh data has a PPO ratio of exactly 1).
+
+With ``ppo.off_policy = "vtrace"`` the update does not train on the worker's GAE advantages and returns: a first
+pass over the chunks, without gradients and under the same autocast as the losses, evaluates the learner's
+policy on the batch (BPTT from each sample's stored state, as the loss pass does) and computes V-trace's value
+targets and advantages (:func:`rapid.opt.losses.vtrace`, ρ̄ ``ppo.vtrace_rho_bar``, c̄ ``ppo.vtrace_c_bar``,
+λ ``ppo.gae_lambda``) chunk by chunk: each sample carries its own bootstrap. Everything after is as without it
+(the advantages normalized over ranks and chunks, PPO's ratio clipped against the behaviour's log-probs). It
+costs one more forward pass per update, and with microbatches on CUDA a second copy of every chunk but the
+first (the bound on the chunks held on the device stays). Two approximations: a sample bootstraps from the
+behaviour's value of the decision after it, as the worker stored it (the sample does not hold the next
+observation); and an inactive step (a dead or stunned agent, whose action the game ignores) counts as
+on-policy, ratio 1, so it cuts no trace.
 """
 
 from __future__ import annotations
@@ -54,7 +66,7 @@ import torch
 from rapid.opt import losses
 from rapid.opt.config import PPOConfig
 from rapid.opt.model import Policy
-from rapid.opt.pipeline import Batch, Copier, PhaseClock, Pipeline, Staged, copy_async, stages_ahead
+from rapid.opt.pipeline import VTRACE, WHOLE, Batch, Copier, PhaseClock, Pipeline, Staged, copy_async, stages_ahead
 
 DIAGNOSTICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
 
@@ -144,7 +156,9 @@ class Learner:
         self.params = [p for p in policy.parameters() if p.requires_grad]
         self.adam = torch.optim.Adam(self.params, lr=ppo.lr, betas=(ppo.adam_beta1, ppo.adam_beta2), eps=ppo.adam_eps,
                                      fused=fused_adam(self.device))
-        self.pipeline = Pipeline(self.device, stages_ahead(self.device) if staging is None else staging, copier)
+        self.vtrace = ppo.off_policy == "vtrace"
+        self.pipeline = Pipeline(self.device, stages_ahead(self.device) if staging is None else staging, copier,
+                                 whole=WHOLE + VTRACE if self.vtrace else WHOLE)
         self.updates = 0
         self.skipped = 0
         self._draw: Callable[[], Batch | None] | None = None
@@ -209,28 +223,57 @@ class Learner:
             (clock, spans), self._last_phases = self._last_phases or (clock, {}), (clock, spans)
         return {f"{name}_s": clock.seconds(spans.get(name, [])) for name in PHASES}
 
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast(self.device.type, torch.bfloat16, enabled=self.bf16)
+
+    @torch.no_grad()
+    def targets(self, staged: Staged) -> tuple[torch.Tensor, torch.Tensor]:
+        """(advantages, value targets) [S, T] in return units that an update of ``staged`` trains on: the worker's
+        GAE ones, or with ``ppo.off_policy = "vtrace"`` V-trace's from the learner's own policy (a pass over
+        the chunks without gradients; see the module's docstring)."""
+        w = staged.whole()
+        if not self.vtrace:
+            return w["advantages"], w["returns"]
+        s, policy = self.ppo, self.policy
+        scale = policy.return_scale.float()
+        advantages, returns = [], []
+        for j in range(staged.chunks):
+            part = slice(j * staged.chunk_rows, (j + 1) * staged.chunk_rows)
+            b, runs = staged.chunk(j)
+            with self._autocast():
+                logp, _, value = policy.evaluate(b["obs"], b["mask"], b["actions"], b["h0"], b["c0"], b["first"],
+                                                 runs)
+            # The game ignores an inactive step's action (a dead or stunned agent): on-policy, ratio 1.
+            logp = torch.where(w["active"][part], logp, b["logp"])
+            ret, adv = losses.vtrace(b["logp"], logp, w["rewards"][part], w["discounts"][part], value * scale,
+                                     w["bootstrap"][part], s.vtrace_rho_bar, s.vtrace_c_bar, s.gae_lambda)
+            advantages.append(adv)
+            returns.append(ret)
+        return torch.cat(advantages), torch.cat(returns)
+
     def _queue(self, staged: Staged, lr: float, ent_coef: float) -> _Queued:
         """Everything of the update up to its one read, queued on the device: losses, backward passes, the
         collectives, the gradient norm and the checks."""
         s = self.ppo
         policy, norm = self.policy, self.policy.obs_norm
         w = staged.whole()  # per-step figures, a small fraction of the observations' bytes
+        advantages, returns = self.targets(staged)
         active = w["active"].float()
         # The value head learns every step of the learner's rows, inactive ones too (a dead hero in a parallel
         # game): GAE bootstraps through their values. Turn-based samples hold the agent's decisions only.
         own = w["own"].float()
         # The step counts that normalize the losses (so microbatches and ranks add up to the batch mean), the
         # advantage moments and the returns' mean square, pooled over ranks before the losses.
-        pooled = torch.cat([losses.weighted_sums(w["advantages"], active), losses.weighted_sums(w["returns"], own)])
+        pooled = torch.cat([losses.weighted_sums(advantages, active), losses.weighted_sums(returns, own)])
         if self.all_reduce_mean is not None:
             self.all_reduce_mean(pooled)
         adv_sums, ret_sums = pooled[:3], pooled[3:]
         total, own_total = adv_sums[0].float(), ret_sums[0].float()
-        adv = losses.normalize_advantages(w["advantages"], active, adv_sums)
+        adv = losses.normalize_advantages(advantages, active, adv_sums)
         scale = policy.return_scale.float()
         for group in self.adam.param_groups:
             group["lr"] = lr
-        autocast = torch.autocast(self.device.type, torch.bfloat16, enabled=self.bf16)
+        autocast = self._autocast()
         self.adam.zero_grad(set_to_none=True)
         diag = torch.zeros(len(DIAGNOSTICS), device=self.device)
         obs_sums = torch.zeros(3, norm.mean.numel(), dtype=torch.float64, device=self.device)
@@ -246,7 +289,7 @@ class Learner:
                                                        b["first"], runs)
             wa = active[part]
             pg, kl = losses.ppo_policy_loss(logp, b["logp"], adv[part], s.clip, wa, total)
-            vl = losses.value_loss(value, w["returns"][part] / scale, own[part], own_total,
+            vl = losses.value_loss(value, returns[part] / scale, own[part], own_total,
                                    old=b["values"] / scale, clip=s.value_clip)
             ent = losses.masked_mean(entropy, wa, total)
             tb = clock.mark()
@@ -277,7 +320,7 @@ class Learner:
         # The normalizers are used in float32: they must be finite there too.
         checks = torch.stack([grad_norm.isfinite(), nonfinite == 0, new_norm[1].float().isfinite().all(),
                               new_norm[2].float().isfinite().all(), new_scale.float().isfinite()]).all()
-        ev = losses.explained_variance(torch.cat(values) * scale, w["returns"], own)
+        ev = losses.explained_variance(torch.cat(values) * scale, returns, own)
         figures = torch.cat([checks.float().reshape(1), diag, grad_norm.reshape(1).float(), ev.reshape(1).float()])
         return _Queued(figures, new_norm, new_scale, clock, spans, step_from=tb)
 

@@ -7,7 +7,9 @@ per chunk, the per-step figures of the whole batch riding with the first. The le
 chunk's copy (an event) before it reads it, and every device arena is marked as used by the learner's stream
 (``record_stream``), so the caching allocator never hands its memory out again before the learner is done with
 it. Chunk j + 1 is copied while chunk j trains: with ``optimizer.microbatch_samples`` at most two chunks of the
-batch, and the first chunk of the next batch, are on the device at once.
+batch, and the first chunk of the next batch, are on the device at once. A learner may pass over the chunks
+twice (V-trace's targets, then the losses): a chunk that left the device is copied again from the arena, so the
+bound holds in each pass and the second pass costs one copy per chunk but the first.
 
 Elsewhere (the CPU) nothing is copied: a chunk is a view of the numpy arrays and its runs are built on the host;
 no memory is pinned, and no stream or thread exists.
@@ -30,9 +32,10 @@ import torch
 
 from rapid.opt.model import ResetFreeRuns, RunSplit
 
-WHOLE = ("advantages", "returns", "active", "own")  # needed whole before the losses: [S, T, A] each
+WHOLE = ("advantages", "returns", "active", "own")  # needed whole before the losses: [S, T] each
+VTRACE = ("rewards", "discounts", "bootstrap")  # whole too, where the learner computes V-trace: [S, T], [S]
 CHUNKED = ("obs", "mask", "actions", "logp", "values", "first", "h0", "c0")  # one microbatch at a time
-STAGED = WHOLE + CHUNKED
+STAGED = WHOLE + CHUNKED  # what an update without V-trace stages
 RUNS = ("gather", "scatter", "row", "carry")
 ALIGN = 64  # bytes: every region of an arena starts at a multiple (a typed view needs its element size's)
 
@@ -158,10 +161,13 @@ class Staged:
 
 class Pipeline:
     """Stages batches for one learner. ``staging``: through the pinned double buffer (:func:`stages_ahead`;
-    a test may force it on the CPU); ``copier(dst, src)`` makes each host-to-device copy (a test counts them)."""
+    a test may force it on the CPU); ``copier(dst, src)`` makes each host-to-device copy (a test counts them);
+    ``whole``: the arrays the learner needs whole (:data:`WHOLE`, and :data:`VTRACE` for V-trace)."""
 
-    def __init__(self, device: torch.device, staging: bool, copier: Copier = copy_async):
+    def __init__(self, device: torch.device, staging: bool, copier: Copier = copy_async,
+                 whole: tuple[str, ...] = WHOLE):
         self.device, self.staging, self.copier = device, staging, copier
+        self.whole = whole
         self.cuda = device.type == "cuda"
         self.slots = [Slot(), Slot()]
         self._next = 0
@@ -171,27 +177,27 @@ class Pipeline:
         """``batch`` staged in chunks of ``chunk_rows`` (0: whole); the first chunk's copy is started."""
         rows = int(batch["active"].shape[0])
         chunk_rows = chunk_rows or rows
-        on_device = all(torch.is_tensor(batch[k]) and batch[k].device == self.device for k in STAGED)
+        on_device = all(torch.is_tensor(batch[k]) and batch[k].device == self.device for k in self.whole + CHUNKED)
         if not self.staging or on_device:
             return self._in_place(batch, rows, chunk_rows)
         return self._packed(batch, rows, chunk_rows)
 
     def _in_place(self, batch: Batch, rows: int, chunk_rows: int) -> Staged:
         """Where the batch lies (the CPU, or a batch already on the device): views, and runs built on the host."""
-        tensors = {k: torch.as_tensor(batch[k]).to(self.device) for k in STAGED}
+        tensors = {k: torch.as_tensor(batch[k]).to(self.device) for k in self.whole + CHUNKED}
         first = _host(batch["first"])
 
         def chunk(j: int) -> tuple[dict[str, torch.Tensor], ResetFreeRuns]:
             part = slice(j * chunk_rows, (j + 1) * chunk_rows)
             return {k: tensors[k][part] for k in CHUNKED}, ResetFreeRuns.of(first[part]).to(self.device)
 
-        return Staged(lambda: {k: tensors[k] for k in WHOLE}, first, rows, chunk_rows, chunk)
+        return Staged(lambda: {k: tensors[k] for k in self.whole}, first, rows, chunk_rows, chunk)
 
     def _packed(self, batch: Batch, rows: int, chunk_rows: int) -> Staged:
         first = _host(batch["first"])
         parts = [slice(s, s + chunk_rows) for s in range(0, rows, chunk_rows)]
         runs = [ResetFreeRuns.of(first[p]).split for p in parts]
-        segments, size = _layout(batch, parts, runs)
+        segments, size = _layout(batch, self.whole, parts, runs)
         slot = self.slots[self._next]
         self._next = 1 - self._next
         arena = slot.take(size, pin=self.cuda)
@@ -206,10 +212,11 @@ class Pipeline:
                     _write(host, segment.start, region, getattr(split, key).numpy())
         compute = torch.cuda.current_stream(self.device) if self.side is not None else None
         copied: dict[int, tuple[torch.Tensor, torch.cuda.Event | None]] = {}
-        released: set[int] = set()
 
         def issue(j: int) -> None:
-            if j in copied or j in released or j >= len(segments):
+            """Chunk j's copy, unless it is on the device; one released after an earlier pass over the chunks
+            (V-trace's targets, then the losses) is copied again from the arena, which still holds the batch."""
+            if j in copied or j >= len(segments):
                 return
             if slot.generation != generation:
                 raise RuntimeError("a staged batch was used after its host buffer was reused")
@@ -240,10 +247,10 @@ class Pipeline:
             dev = ready(j)
             issue(j + 1)  # copied while this chunk trains
             # Chunks already trained leave the device (the caching allocator keeps their blocks until the learner's
-            # stream is past them): at most two chunks and the batch-wide figures (in chunk 0) are held at a time.
-            for done in [k for k in copied if 0 < k < j]:
+            # stream is past them): at most two chunks and the batch-wide figures (in chunk 0) are held at a time,
+            # in every pass over the chunks.
+            for done in [k for k in copied if k not in (0, j, j + 1)]:
                 del copied[done]
-                released.add(done)
             segment = segments[j]
             arrays = {k: segment.regions[k].view(dev) for k in CHUNKED}
             if segment.runs is None:
@@ -253,7 +260,7 @@ class Pipeline:
 
         def whole() -> dict[str, torch.Tensor]:
             dev = ready(0)
-            return {k: segments[0].regions[k].view(dev) for k in WHOLE}
+            return {k: segments[0].regions[k].view(dev) for k in self.whole}
 
         issue(0)
         return Staged(whole, first, rows, chunk_rows, chunk)
@@ -269,13 +276,14 @@ def _write(host: np.ndarray, start: int, region: Region, value: np.ndarray) -> N
     np.copyto(host[a:a + region.nbytes].view(dtype).reshape(region.shape), value, casting="no")
 
 
-def _layout(batch: Batch, parts: list[slice], runs: list[RunSplit | None]) -> tuple[list[Segment], int]:
+def _layout(batch: Batch, whole: tuple[str, ...], parts: list[slice], runs: list[RunSplit | None]
+            ) -> tuple[list[Segment], int]:
     """Where every array of every chunk lies in the arena: one segment per chunk, the first with the whole batch's
-    per-step figures; (segments, bytes)."""
+    figures (``whole``); (segments, bytes)."""
     segments, start = [], 0
     for j, (part, split) in enumerate(zip(parts, runs)):
         offset, regions = 0, {}
-        for key in (WHOLE if j == 0 else ()) + CHUNKED:
+        for key in (whole if j == 0 else ()) + CHUNKED:
             value = batch[key]
             shape = tuple(value.shape)
             if key in CHUNKED:

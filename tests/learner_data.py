@@ -50,9 +50,16 @@ def played_batch(policy: Policy, S: int = 12, T: int = 8, seed: int = 0, obs_mea
         logp.append(out.logp.cpu().numpy())
         values.append(out.value.cpu().numpy())
     active = rng.random((S, T)) < 0.75
-    return {"obs": obs, "mask": mask, "actions": np.stack(actions, 1), "logp": np.stack(logp, 1).astype(np.float32),
-            "values": np.stack(values, 1).astype(np.float32), "first": first, "active": active,
-            "own": active.copy(), "h0": h0, "c0": c0,
-            "advantages": rng.normal(size=(S, T)).astype(np.float32),
-            "returns": (rng.normal(size=(S, T)) * 2).astype(np.float32),
-            "version": np.zeros(S, np.int64), "opponent": np.zeros(S, np.int32)}
+    batch = {"obs": obs, "mask": mask, "actions": np.stack(actions, 1), "logp": np.stack(logp, 1).astype(np.float32),
+             "values": np.stack(values, 1).astype(np.float32), "first": first, "active": active,
+             "own": active.copy(), "h0": h0, "c0": c0,
+             "advantages": rng.normal(size=(S, T)).astype(np.float32),
+             "returns": (rng.normal(size=(S, T)) * 2).astype(np.float32),
+             "version": np.zeros(S, np.int64), "opponent": np.zeros(S, np.int32)}
+    # What V-trace is computed from: a game ends with the step before the next one's first (or with the sample's
+    # last step, by chance), and a sample whose game ended bootstraps from nothing.
+    ended = np.concatenate([first[:, 1:], rng.random((S, 1)) < reset_prob], 1)
+    batch["rewards"] = rng.normal(size=(S, T)).astype(np.float32)
+    batch["discounts"] = (0.97 * ~ended).astype(np.float32)
+    batch["bootstrap"] = (rng.normal(size=S) * ~ended[:, -1]).astype(np.float32)
+    return batch

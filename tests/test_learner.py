@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from rapid.opt import losses
 from rapid.opt.config import PPOConfig
 from rapid.opt.learner import Learner, bf16_native, indexed
 from tests.learner_data import make_policy, played_batch
@@ -161,6 +162,103 @@ def test_observation_statistics_pooled_over_two_real_ranks():
     result = mpiexec(2, "learner_ranks.py", 180, fake_gpus=2)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("OK"), result.stdout + result.stderr[-3000:]
+
+
+# --- V-trace (ppo.off_policy = "vtrace") ------------------------------------------------------------------------
+
+
+def test_a_rollout_workers_samples_give_its_own_targets_back_on_policy():
+    """End to end: connect four (a turn-based game: a decision is discounted over the reply) played by a rollout
+    worker whose value head predicts in a return scale of 3. With λ = 0 the worker's GAE return of every step is
+    r + γ·V(next decision); V-trace's target from the learner (the same policy: on-policy) is that very return,
+    so the sample's rewards, discounts and bootstrap are what GAE used, and the learner's values are read in
+    return units, as the worker's."""
+    from rapid.envs.registry import make_env
+    from rapid.roles.startup import build_policy
+    from rapid.rollout.worker import RolloutSettings, RolloutWorker, SelfPlay
+    from rapid.run.config import Config, ModelConfig, RolloutConfig
+
+    cfg = Config(model=ModelConfig(hidden=16, lstm=16), rollout=RolloutConfig(bptt=4, samples_per_segment=2),
+                 ppo=PPOConfig(gae_lambda=0.0, off_policy="vtrace"))
+    env = make_env(cfg.env.name, num_games=4)
+    torch.manual_seed(0)
+    policy = build_policy(cfg, env.spec)
+    policy.return_scale.fill_(3.0)
+    worker = RolloutWorker(env, policy, RolloutSettings.of(cfg, env.spec), SelfPlay())
+    segments = [worker.collect() for _ in range(12)]
+    batch = {k: np.concatenate([seg.arrays[k] for seg in segments]) for k in segments[0].arrays if k != "opponent"}
+    assert (batch["discounts"] == 0).any() and (batch["bootstrap"] != 0).any()  # games end, samples bootstrap
+    learner = Learner(policy, cfg.ppo)
+    _, returns = learner.targets(learner.stage(batch))
+    np.testing.assert_allclose(returns.numpy(), batch["returns"], rtol=1e-5, atol=1e-5)
+
+
+def test_the_off_policy_settings_are_checked():
+    assert PPOConfig(off_policy="vtrace", vtrace_rho_bar=2.0, vtrace_c_bar=0.5).errors() == []
+    assert PPOConfig(off_policy="v-trace", vtrace_rho_bar=0.0, vtrace_c_bar=float("nan")).errors() == [
+        "ppo.off_policy must be 'none' or 'vtrace' (got 'v-trace')", "ppo.vtrace_rho_bar must be > 0 (got 0.0)",
+        "ppo.vtrace_c_bar must be > 0 (got nan)"]
+
+
+def evaluated(policy, batch) -> tuple[np.ndarray, np.ndarray]:
+    """The log-probs ``policy`` gives the batch's actions and its values in return units."""
+    t = {k: torch.as_tensor(v) for k, v in batch.items()}
+    with torch.no_grad():
+        logp, _, value = policy.evaluate(t["obs"], t["mask"], t["actions"], t["h0"], t["c0"], t["first"])
+    return logp.numpy(), (value * policy.return_scale.float()).numpy()
+
+
+def vtrace_targets(policy, batch, **settings) -> tuple[np.ndarray, np.ndarray]:
+    """(advantages, value targets) an update of ``batch`` would train on."""
+    learner = Learner(policy, PPOConfig(off_policy="vtrace", **settings))
+    return tuple(t.numpy().copy() for t in learner.targets(learner.stage(batch)))
+
+
+def test_a_vtrace_update_in_microbatches_equals_the_whole_batch():
+    batch = played_batch(make_policy(1), S=12, seed=2)  # played by another policy: the traces are cut
+    batch["active"][:4] = False
+    whole, s_whole = gradients(batch, off_policy="vtrace", vtrace_rho_bar=1.5)
+    parts, s_parts = gradients(batch, microbatch=4, off_policy="vtrace", vtrace_rho_bar=1.5)
+    for key in whole:
+        torch.testing.assert_close(parts[key], whole[key], rtol=1e-5, atol=1e-6)
+    for key in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm",
+                "explained_variance"):
+        assert s_parts[key] == pytest.approx(s_whole[key], rel=1e-5, abs=1e-7), key
+
+
+def test_on_fresh_data_a_vtrace_update_with_lambda_one_is_the_gae_update():
+    """Behaviour = target (fresh data): V-trace's targets are GAE's on the learner's own values, and with λ = 1
+    its advantages too, so the update is the one PPO makes when the worker's GAE fields hold those."""
+    batch = played_batch(make_policy(), S=12, seed=3)
+    _, values = evaluated(make_policy(), batch)
+    ended = batch["discounts"] == 0
+    adv, ret = losses.gae(batch["rewards"].T, values.T, ended.T, batch["bootstrap"],
+                          np.where(ended, 1.0, batch["discounts"]).T, lam=1.0)
+    gae_batch = {**batch, "advantages": adv.T.copy(), "returns": ret.T.copy()}
+    targets = vtrace_targets(make_policy(), batch, gae_lambda=1.0)
+    np.testing.assert_allclose(targets[0], gae_batch["advantages"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(targets[1], gae_batch["returns"], rtol=1e-5, atol=1e-5)
+    plain, s_plain = gradients(gae_batch, microbatch=4, gae_lambda=1.0)
+    vtrace, s_vtrace = gradients(batch, microbatch=4, gae_lambda=1.0, off_policy="vtrace")
+    for key in plain:
+        torch.testing.assert_close(vtrace[key], plain[key], rtol=1e-4, atol=1e-6)
+    for key in ("policy_loss", "value_loss", "grad_norm", "explained_variance"):
+        assert s_vtrace[key] == pytest.approx(s_plain[key], rel=1e-4, abs=1e-6), key
+    assert not np.allclose(batch["returns"], gae_batch["returns"])  # the worker's fields were not used
+
+
+def test_on_stale_data_the_ratio_clipping_changes_the_targets():
+    """Played by another policy: ρ̄ and c̄ cap the importance weights, so the targets move with them; a step
+    without a choice (inactive) counts as on-policy whatever the behaviour's log-prob of its action."""
+    batch = played_batch(make_policy(1), S=12, seed=4)
+    clipped = vtrace_targets(make_policy(), batch)
+    loose = vtrace_targets(make_policy(), batch, vtrace_rho_bar=100.0, vtrace_c_bar=100.0)
+    on_policy = vtrace_targets(make_policy(), {**batch, "logp": evaluated(make_policy(), batch)[0]})
+    for a, b in ((clipped, loose), (clipped, on_policy)):
+        assert np.abs(a[0] - b[0]).max() > 1e-2 and np.abs(a[1] - b[1]).max() > 1e-2
+    other = {**batch, "logp": np.where(batch["active"], batch["logp"], batch["logp"] - 5.0).astype(np.float32)}
+    for a, b in zip(clipped, vtrace_targets(make_policy(), other)):
+        np.testing.assert_array_equal(a, b)
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]

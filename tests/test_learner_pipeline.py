@@ -43,6 +43,25 @@ def test_an_update_copies_its_batch_in_one_copy_per_chunk():
         assert copier.calls == copies, (chunk, copier.calls)
 
 
+def test_a_vtrace_update_through_staging_copies_a_chunk_again_and_equals_one_in_place():
+    """V-trace's targets take a pass over the chunks before the losses' pass. Chunk 0 (with the whole batch's
+    figures) stays on the device; every other chunk left it in the first pass (at most two chunks beside chunk
+    0 at a time) and is copied again from the host arena: three chunks cost 3 + 2 copies. The update equals the
+    one made where the batch lies."""
+    batch = played_batch(make_policy(1), S=12, seed=2, reset_prob=0.3)  # another policy's: stale
+    ppo = PPOConfig(lr=1e-3, off_policy="vtrace")
+    for chunk, copies in ((0, 1), (4, 5)):
+        copier = CountingCopier()
+        staged = Learner(make_policy(), ppo, microbatch_samples=chunk, staging=True, copier=copier)
+        plain = Learner(make_policy(), ppo, microbatch_samples=chunk)
+        sa, sp = staged.update(batch), plain.update(batch)
+        assert copier.calls == copies, (chunk, copier.calls)
+        for key in ("policy_loss", "value_loss", "entropy", "approx_kl", "grad_norm", "explained_variance"):
+            assert sa[key] == sp[key], (chunk, key, sa[key], sp[key])
+        for (name, a), b in zip(staged.policy.state_dict().items(), plain.policy.state_dict().values()):
+            assert torch.equal(a, b), name
+
+
 def test_staging_ahead_trains_exactly_as_the_numpy_path():
     """Four updates, each drawing and staging the next batch through the double buffer, equal four updates
     handed numpy arrays: the same parameters, normalizers and figures, and each batch copied once."""
@@ -133,10 +152,13 @@ def test_the_optimizer_loop_trains_batches_drawn_during_the_update_before(tmp_pa
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("chunk", [0, 4])
-def test_an_update_on_cuda_waits_for_the_device_exactly_once(monkeypatch, chunk):
+@pytest.mark.parametrize("off_policy", ["none", "vtrace"])
+def test_an_update_on_cuda_waits_for_the_device_exactly_once(monkeypatch, chunk, off_policy):
     """Under ``set_sync_debug_mode("error")`` every wait of the host for the device raises, except the one read
-    this test lets through: staging the next batch, the copies, the runs, the timings and Adam wait for nothing."""
-    learner = Learner(make_policy(0, "cuda"), PPOConfig(lr=1e-3), "cuda", microbatch_samples=chunk)
+    this test lets through: staging the next batch, the copies, the runs, the timings, V-trace's pass and Adam
+    wait for nothing."""
+    learner = Learner(make_policy(0, "cuda"), PPOConfig(lr=1e-3, off_policy=off_policy), "cuda",
+                      microbatch_samples=chunk)
     assert learner.adam.defaults["fused"] is True
     batches = [played_batch(make_policy(), S=12, seed=s, reset_prob=0.3) for s in range(3)]
     learner.prefetch(lambda: batches[1])
@@ -177,3 +199,23 @@ def test_staging_ahead_on_the_side_stream_trains_as_the_numpy_path():
     worst = max((a - b).abs().max().item() for a, b in zip(ahead.policy.parameters(), plain.policy.parameters()))
     assert worst < 1e-5, worst
     assert {slot.arena.is_pinned() for slot in ahead.pipeline.slots} == {True}
+
+
+@pytest.mark.cuda
+def test_a_vtrace_update_on_cuda_equals_the_cpus():
+    """Both passes over the chunks through the side stream (a chunk copied again for the second): the targets and
+    the update are the CPU's, to float32 rounding."""
+    batches = [played_batch(make_policy(1), S=64, seed=s, reset_prob=0.3) for s in range(3)]  # stale: traces cut
+    ppo = PPOConfig(lr=1e-3, off_policy="vtrace")
+    gpu = Learner(make_policy(0, "cuda"), ppo, "cuda", microbatch_samples=16)
+    cpu = Learner(make_policy(0), ppo, microbatch_samples=16)
+    for a, b in zip(gpu.targets(gpu.stage(batches[0])), cpu.targets(cpu.stage(batches[0]))):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-4)
+    for k, batch in enumerate(batches):
+        if k + 1 < len(batches):
+            gpu.prefetch(lambda k=k: batches[k + 1])
+        sg, sc = gpu.update(batch), cpu.update(batch)
+        diffs = {key: abs(sg[key] - sc[key]) for key in ("policy_loss", "value_loss", "grad_norm")}
+        assert max(diffs.values()) < 1e-4, (k, diffs)
+    worst = max((a.cpu() - b).abs().max().item() for a, b in zip(gpu.policy.parameters(), cpu.policy.parameters()))
+    assert worst < 1e-4, worst
