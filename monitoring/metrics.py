@@ -211,6 +211,8 @@ class EvaluatorMetrics(RoleMetrics):
         self._store_metrics()  # the evaluator reads params and writes ratings through the store too
 
     def win_rate(self, opponent: str, x: float) -> None:
+        """The rated match's win rate: with sampled and greedy matches against the baseline, the sampled one's
+        (the greedy one's is in the evaluator's log and curves)."""
         self._win[opponent].set(x)
 
     def rating(self, member: str, mu: float, sigma: float) -> None:

@@ -153,7 +153,9 @@ BAD_VALUES = {
                ("league.eta=0", "league.eta"), ("league.bot_prob=1.5", "league.bot_prob"),
                ("league.snapshot_every=-1", "league.snapshot_every")],
     "eval": [("eval.games=0", "eval.games"), ("eval.interval_s=-1", "eval.interval_s"),
-             ("eval.core_share=1.5", "eval.core_share"), ("eval.pool_games=-2", "eval.pool_games")],
+             ("eval.core_share=1.5", "eval.core_share"), ("eval.pool_games=-2", "eval.pool_games"),
+             ("eval.play=argmax", "eval.play"), ("eval.early_interval_s=-1", "eval.early_interval_s"),
+             ("eval.early_s=-1", "eval.early_s")],
     "store": [("store.max_attempts=0", "store.max_attempts"), ("store.retention_s=-1", "store.retention_s")],
     "metrics": [("metrics.base_port=70000", "metrics.base_port"), ("metrics.base_port=-1", "metrics.base_port")],
 }

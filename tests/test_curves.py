@@ -79,17 +79,20 @@ def trained(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("curves") / "c4"
     rapid("train", "--in-process", "--config", "configs/default.toml", "--run-dir", str(run), "--minutes", "3",
           "--set", "run.target_win_rate=0.01", "--workers", "1", "--no-progress", *FAST, "--set", "eval.interval_s=0.5",
-          "--set", "eval.games=20",
+          "--set", "eval.games=20", "--set", 'eval.play="both"',
           "--set", "eval.pool_games=0", "--set", "model.hidden=32", "--set", "model.lstm=32",
           "--set", 'metrics.wandb="offline"', timeout=240)
     return run
 
 
 def test_the_evaluator_writes_tensorboard_and_wandb_curves(trained):
-    evals = [json.loads(line) for line in (trained / "logs" / "eval.jsonl").read_text().splitlines()]
-    assert evals
+    """Sampled and greedy (``eval.play = "both"``) each have their curve; the sampled match is the rated one."""
+    rows = [json.loads(line) for line in (trained / "logs" / "eval.jsonl").read_text().splitlines()]
+    evals, greedy = [e for e in rows if not e["greedy"]], [e for e in rows if e["greedy"]]
+    assert evals and [e["version"] for e in greedy] == [e["version"] for e in evals]
     scalars = tensorboard_scalars(trained / "logs" / "tb")
     assert scalars["eval/win_rate_vs_random"] == [(e["version"], pytest.approx(e["win_rate"])) for e in evals]
+    assert scalars["eval/win_rate_vs_random_greedy"] == [(e["version"], pytest.approx(e["win_rate"])) for e in greedy]
     assert [s for s, _ in scalars["eval/rating"]] == [e["version"] for e in evals if "rating" in e]
     [evaluator_run] = (trained / "logs" / "wandb").glob("offline-run-*-evaluator/run-*.wandb")
     rows = [r for r in wandb_history(evaluator_run) if "eval/win_rate_vs_random" in r]

@@ -1,5 +1,6 @@
-"""The evaluator role: every ``eval.interval_s`` it plays the newest version against the baseline and
-logs the win rate, so `rapid train` can show progress against a fixed yardstick (self-play win rates
+"""The evaluator role: every ``eval.interval_s`` (``eval.early_interval_s`` in its first ``eval.early_s``) it
+plays the newest version against the baseline, with sampled or greedy actions or both (``eval.play``), and
+logs the win rates, so `rapid train` can show progress against a fixed yardstick (self-play win rates
 hover near 50% by construction). Once the run's optimizer has stopped (:class:`rapid.run.run_watch.RunWatch`)
 and the newest version is rated, it stops too."""
 
@@ -16,7 +17,7 @@ from rapid.league import League, PoolConflict, rate_games, rating_of, version_id
 from rapid.monitoring.metrics import EvaluatorMetrics
 from rapid.roles.curves import open_curves
 from rapid.roles.startup import JsonlLog, StopFlag, build_policy, open_run_store, setup_logging, start_metrics
-from rapid.run.config import Config
+from rapid.run.config import Config, EvalConfig
 from rapid.run.matches import MatchScore, PolicyPlayer, batch_size, load_policy, play_match
 from rapid.run.param_store import ParameterStore
 from rapid.run.run_watch import RunWatch, quiet_s
@@ -38,7 +39,7 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
                         options=cfg.env.options) if pool_games else None
     out = JsonlLog(f"{cfg.derive().run_dir}/logs/eval.jsonl")
     curves = open_curves(cfg.derive().run_dir, "evaluator", cfg.run.name, cfg.metrics.tensorboard, cfg.metrics.wandb)
-    last, rounds = -1, 0
+    last, rounds, evaluator_started = -1, 0, time.time()
     watch, version_at, asked = RunWatch(store, quiet_s(cfg)), time.time(), False
     while not stop:
         round_s = 0.0
@@ -50,19 +51,7 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
         if version is not None and version > last:
             started = time.time()
             policy = load_policy(cfg, env.spec, params, version)
-            opponent = env.make_bot(cfg.eval.opponent, seed=rounds)
-            result = play_match(env, PolicyPlayer(policy, env.spec, f"v{version}"), opponent, games,
-                                seed=cfg.run.seed + rounds)
-            lo, hi = result.interval()
-            rating = _rate(league, version, f"bot:{cfg.eval.opponent}", result, log)
-            metrics.win_rate(cfg.eval.opponent, result.win_rate)
-            metrics.games(result.games)
-            out.write({"version": version, "opponent": cfg.eval.opponent, "games": result.games,
-                       "wins": result.wins, "losses": result.losses, "draws": result.draws,
-                       "win_rate": result.win_rate, "ci_low": lo, "ci_high": hi,
-                       "mean_length": result.mean_length, "at_limit": result.at_limit,
-                       "wins_before_limit": result.wins_before_limit, "eval_s": time.time() - started, **rating})
-            log.info(result.line(f"v{version}", cfg.eval.opponent))
+            scores, rating = _play_baseline(cfg, env, policy, version, rounds, league, metrics, out, log)
             pool_result = None if pool_env is None else _play_pool(cfg, pool_env, league, policy, version,
                                                                    pool_games, rounds, log)
             if pool_result:
@@ -74,8 +63,8 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
             if rating:
                 metrics.rating(version_id(version), rating["rating"], rating["rating_sigma"])
             if curves is not None:
-                curves.scalars({f"eval/win_rate_vs_{cfg.eval.opponent}": result.win_rate,
-                                "eval/mean_length": result.mean_length,
+                curves.scalars({**{curve_tag(cfg.eval.opponent, mode): s.win_rate for mode, s in scores.items()},
+                                "eval/mean_length": scores[cfg.eval.modes[0]].mean_length,
                                 **({"eval/win_rate_vs_pool": pool_result[1].win_rate} if pool_result else {}),
                                 **{f"eval/{k}": v for k, v in rating.items()}}, step=version)
             last, rounds, version_at = version, rounds + 1, time.time()
@@ -85,7 +74,8 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
         if gone and version is not None and version <= last:
             log.info("the run's optimizer %s and its newest version v%d is rated: the evaluator stops", gone, last)
             break
-        stop.wait(eval_wait_s(cfg.eval.interval_s, round_s, cfg.eval.core_share))
+        interval_s = eval_interval_s(cfg.eval, time.time() - evaluator_started)
+        stop.wait(eval_wait_s(interval_s, round_s, cfg.eval.core_share))
     env.close()
     if pool_env is not None:
         pool_env.close()
@@ -94,6 +84,56 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
         curves.close()
     metrics.close()
     return 0
+
+
+def _play_baseline(cfg: Config, env, policy, version: int, rounds: int, league: League, metrics: EvaluatorMetrics,
+                   out: JsonlLog, log) -> tuple[dict[str, MatchScore], dict]:
+    """The round's matches against the baseline, one per mode of ``eval.play`` on the same games (the same seeds,
+    a fresh bot each), each logged with ``greedy``; the first is rated and sets the win-rate gauge. Returns the
+    scores by mode and the rating."""
+    scores: dict[str, MatchScore] = {}
+    rating: dict = {}
+    for mode in cfg.eval.modes:
+        started = time.time()
+        player = PolicyPlayer(policy, env.spec, f"v{version}", greedy=mode == "greedy")
+        result = scores[mode] = play_match(env, player, env.make_bot(cfg.eval.opponent, seed=rounds), cfg.eval.games,
+                                           seed=cfg.run.seed + rounds)
+        rated = mode == cfg.eval.modes[0]
+        if rated:
+            rating = _rate(league, version, f"bot:{cfg.eval.opponent}", result, log)
+            metrics.win_rate(cfg.eval.opponent, result.win_rate)
+        metrics.games(result.games)
+        lo, hi = result.interval()
+        out.write({"version": version, "opponent": cfg.eval.opponent, "greedy": mode == "greedy",
+                   "games": result.games, "wins": result.wins, "losses": result.losses, "draws": result.draws,
+                   "win_rate": result.win_rate, "ci_low": lo, "ci_high": hi, "mean_length": result.mean_length,
+                   "at_limit": result.at_limit, "wins_before_limit": result.wins_before_limit,
+                   "eval_s": time.time() - started, **(rating if rated else {})})
+        log.info(result.line(f"v{version}{' greedy' if mode == 'greedy' else ''}", cfg.eval.opponent))
+    return scores, rating
+
+
+def curve_tag(opponent: str, mode: str) -> str:
+    """The TensorBoard / W&B tag of the win rate against the baseline in one mode of ``eval.play``.
+
+    >>> curve_tag("random", "sampled"), curve_tag("random", "greedy")
+    ('eval/win_rate_vs_random', 'eval/win_rate_vs_random_greedy')
+    """
+    return f"eval/win_rate_vs_{opponent}" + ("_greedy" if mode == "greedy" else "")
+
+
+def eval_interval_s(settings: EvalConfig, since_start_s: float) -> float:
+    """The interval between rounds ``since_start_s`` seconds after the evaluator started: ``early_interval_s``
+    during the first ``early_s`` seconds when it is set, else ``interval_s``.
+
+    >>> eval_interval_s(EvalConfig(interval_s=20.0, early_interval_s=2.0, early_s=60.0), 59.0)
+    2.0
+    >>> eval_interval_s(EvalConfig(interval_s=20.0, early_interval_s=2.0, early_s=60.0), 60.0)
+    20.0
+    """
+    if settings.early_interval_s > 0 and since_start_s < settings.early_s:
+        return settings.early_interval_s
+    return settings.interval_s
 
 
 def eval_wait_s(interval_s: float, round_s: float, core_share: float) -> float:

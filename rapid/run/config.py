@@ -239,11 +239,25 @@ class EvalConfig:
     """At most this share of one core for the evaluator over a run (0: no limit): after a round that took e
     seconds it waits at least e * (1 / core_share - 1), so on a laptop its games do not take the cores from
     the rollout workers and the learner (a round of 200 three-a-side games takes a core about 35 s)."""
+    play: str = "sampled"
+    """How the policy picks its actions against the baseline: 'sampled' (from its distribution, as in
+    training), 'greedy' (the most likely action) or 'both' (the same games twice a round, sampled then
+    greedy). The first mode played is rated and stops a run at run.target_win_rate."""
+    early_interval_s: float = 0.0
+    """Seconds between evaluations during the evaluator's first early_s seconds, instead of interval_s, so
+    the first versions of a run are seen soon (0: interval_s throughout)."""
+    early_s: float = 60.0
+    """How long the early cadence (early_interval_s) lasts, from the evaluator's start."""
 
     @property
     def pool_match_games(self) -> int:
         """Games against a past snapshot per round, with -1 resolved (half of ``games``, at least one)."""
         return max(self.games // 2, 1) if self.pool_games < 0 else self.pool_games
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The baseline matches of a round, in the order played: the first is the rated one."""
+        return ("sampled", "greedy") if self.play == "both" else (self.play,)
 
 
 @dataclass

@@ -116,6 +116,10 @@ def validate(cfg: Config) -> list[str]:
     if cfg.eval.pool_games < -1:
         e.append(f"eval.pool_games must be -1 (half of eval.games), 0 or more (got {cfg.eval.pool_games})")
     _unit(e, "eval.core_share", cfg.eval.core_share)
+    if cfg.eval.play not in ("sampled", "greedy", "both"):
+        e.append(f"eval.play must be 'sampled', 'greedy' or 'both' (got {cfg.eval.play!r})")
+    _positive(e, "eval.early_interval_s", cfg.eval.early_interval_s, allow_zero=True)
+    _positive(e, "eval.early_s", cfg.eval.early_s, allow_zero=True)
     _positive(e, "store.max_attempts", cfg.store.max_attempts)
     _positive(e, "store.retention_s", cfg.store.retention_s, allow_zero=True)
     if not 0 <= cfg.metrics.base_port < 65536:
