@@ -15,7 +15,7 @@ Usage::
 Reads ``<run_dir>/logs/optimizer.jsonl`` (one object per update: time, update, version, samples_per_s,
 policy_loss, value_loss, entropy, approx_kl, clip_fraction, explained_variance, staleness_mean, sample_reuse,
 grad_norm, lr) and ``<run_dir>/logs/eval.jsonl`` (time, version, opponent, games, win_rate, and optionally
-rating / rating_sigma). A plot whose file or keys are missing is skipped with a note in ``report.md``; a
+greedy, rating / rating_sigma). A plot whose file or keys are missing is skipped with a note in ``report.md``; a
 truncated last line (the run is still writing) is ignored. Plots use the Agg backend: no display needed.
 """
 
@@ -99,12 +99,23 @@ def _plot_panels(path: Path, title: str, rows: list[dict], keys: list[tuple[str,
     return True
 
 
+def win_rate_lines(rows: list[dict]) -> dict[str, list[dict]]:
+    """Evaluation records by the line of the win-rate plot they belong to: one per opponent, and the greedy
+    evaluations (``eval.play``) a line of their own beside the sampled ones.
+
+    >>> sorted(win_rate_lines([{"opponent": "random"}, {"opponent": "random", "greedy": True}, {"opponent": "p"}]))
+    ['p', 'random', 'random (greedy)']
+    """
+    lines: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        lines[str(row.get("opponent", "all")) + (" (greedy)" if row.get("greedy") else "")].append(row)
+    return lines
+
+
 def _plot_league(path: Path, rows: list[dict], notes: list[str]) -> bool:
     x_key, x_label, x0 = _x_axis(rows)
     scale = 60.0 if x_key == "time" else 1.0
-    by_opponent: dict[str, list[dict]] = defaultdict(list)
-    for row in rows:
-        by_opponent[str(row.get("opponent", "all"))].append(row)
+    by_opponent = win_rate_lines(rows)
     has_rating = any(_number(r.get("rating")) is not None for r in rows)
     fig, axes = plt.subplots(1, 2 if has_rating else 1, figsize=(12 if has_rating else 6, 3.6), squeeze=False)
     plotted = False

@@ -26,13 +26,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rapid.errors import UsageError
+from rapid.errors import FormatError, UsageError
+from rapid.infra.store import StoreError
 from rapid.monitoring.metrics import LauncherMetrics
-from rapid.roles.startup import StopFlag, check_run_dir, log_to_file, rollout_seed, start_metrics
+from rapid.roles.startup import StopFlag, check_run_dir, log_to_file, open_run_store, rollout_seed, start_metrics
 from rapid.rollout.inference import inference_mode
 from rapid.run.config import Config
 from rapid.run.config_files import to_toml
-from rapid.run.progress import Progress, RunLogs, final_summary
+from rapid.run.param_store import ParameterStore
+from rapid.run.progress import Launch, Progress, RunLogs, final_summary
 
 PR_SET_PDEATHSIG = 1
 
@@ -190,6 +192,29 @@ def _threads(cfg: Config, run_dir: Path, resume: bool, workers: int, seed_offset
     return optimizer, servers, rollouts, evaluator
 
 
+def target_reached(cfg: Config, logs: RunLogs) -> str:
+    """Why the run stops at ``run.target_win_rate`` ('' while it goes on): the newest evaluation of the rated mode
+    (``eval.play``'s first: sampled when both are played) reached it."""
+    rated = cfg.eval.modes[0]
+    last = logs.last_eval(rated)
+    if not cfg.run.target_win_rate or last is None or last["win_rate"] < cfg.run.target_win_rate:
+        return ""
+    return f"target win rate {cfg.run.target_win_rate:g} reached by v{last['version']}" + (
+        " (greedy)" if rated == "greedy" else "")
+
+
+def _launch(cfg: Config, resume: bool, started: float) -> Launch:
+    """This launch for the summary: a fresh run starts from version 0, a resumed one after the store's newest
+    (None when it cannot be read: the summary then leaves the first version out)."""
+    if not resume:
+        return Launch(started)
+    try:
+        version = ParameterStore(open_run_store(cfg)).latest_version()
+    except (UsageError, StoreError, FormatError):
+        version = None
+    return Launch(started, resumed=True, version=version)
+
+
 @dataclass
 class TrainOutcome:
     exit_code: int
@@ -209,7 +234,9 @@ def fresh_run_dir(name: str) -> str:
 def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_process: bool = False,
               echo: bool = True) -> TrainOutcome:
     """Every role on this machine until a stop; ``echo`` prints the opening line and the summary (`rapid train`)."""
+    launched = time.time()  # the summary's first minutes count from here
     run_dir = prepare_run_dir(cfg, resume)
+    launch = _launch(cfg, resume, launched)
     logs = run_dir / "logs"
     workers = cfg.run.num_workers or default_workers()
     stop = StopFlag()
@@ -239,9 +266,9 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_
                 reason = f"time limit ({cfg.run.minutes:g} min)"
                 break
             run_logs.refresh()
-            last_eval = run_logs.last_eval
-            if cfg.run.target_win_rate and last_eval and last_eval["win_rate"] >= cfg.run.target_win_rate:
-                reason = f"target win rate {cfg.run.target_win_rate:g} reached by v{last_eval['version']}"
+            reached = target_reached(cfg, run_logs)
+            if reached:
+                reason = reached
                 break
             for child in servers + helpers:
                 if not child.alive() and child.returncode not in (0, None):
@@ -267,7 +294,7 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_
         progress.close()
         metrics.close()
     code = optimizer.returncode
-    summary = final_summary(run_dir, reason, time.time() - started, code)
+    summary = final_summary(run_dir, reason, time.time() - started, code, launch)
     if echo:
         print(summary)
     if code not in (0, -signal.SIGTERM):

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from rapid.monitoring.logs import JsonlTail, read_jsonl
+
+MODES = ("sampled", "greedy")
+"""The ways the evaluator's policy may act against the baseline (``eval.play``), in the order a round plays them."""
+_MODE_WORD = {"sampled": "", "greedy": "greedy "}
+REACHED = 0.9
+"""The win rate against the baseline whose first arrival the summary's first-minutes line times."""
 
 
 def _fmt_rate(x: float) -> str:
@@ -23,8 +30,22 @@ def is_baseline(record: dict) -> bool:
     return "ci_low" in record
 
 
-def baseline_evals(run_dir: Path) -> list[dict]:
-    return [e for e in read_jsonl(run_dir / "logs" / "eval.jsonl") if is_baseline(e)]
+def eval_mode(record: dict) -> str:
+    """How the evaluated policy acted: 'greedy' or 'sampled' (records written before ``eval.play`` lack the key
+    and were sampled)."""
+    return "greedy" if record.get("greedy") else "sampled"
+
+
+def baseline_evals(run_dir: Path, mode: str | None = None) -> list[dict]:
+    """The evaluations against the baseline, oldest first; with ``mode``, only those played that way."""
+    return [e for e in read_jsonl(run_dir / "logs" / "eval.jsonl")
+            if is_baseline(e) and mode in (None, eval_mode(e))]
+
+
+def by_mode(evals: list[dict]) -> dict[str, list[dict]]:
+    """Baseline evaluations by mode, 'sampled' first, each oldest first; modes not played are left out."""
+    modes = {mode: [e for e in evals if eval_mode(e) == mode] for mode in MODES}
+    return {mode: rows for mode, rows in modes.items() if rows}
 
 
 class RunLogs:
@@ -42,9 +63,19 @@ class RunLogs:
     def ops(self) -> list[dict]:
         return self._ops.rows
 
-    @property
-    def last_eval(self) -> dict | None:
-        return next((e for e in reversed(self._evals.rows) if is_baseline(e)), None)
+    def last_evals(self) -> dict[str, dict]:
+        """The newest evaluation against the baseline in each mode played, 'sampled' first."""
+        last: dict[str, dict] = {}
+        for e in reversed(self._evals.rows):
+            if is_baseline(e):
+                last.setdefault(eval_mode(e), e)
+            if len(last) == len(MODES):
+                break
+        return {mode: last[mode] for mode in MODES if mode in last}
+
+    def last_eval(self, mode: str) -> dict | None:
+        """The newest evaluation against the baseline played in ``mode``."""
+        return self.last_evals().get(mode)
 
 
 def status_line(logs: RunLogs, elapsed: float, window_s: float = 30.0) -> str:
@@ -59,9 +90,19 @@ def status_line(logs: RunLogs, elapsed: float, window_s: float = 30.0) -> str:
     text = (f"[{_fmt_time(elapsed)}] v{last['version']} upd {last['update']} | {_fmt_rate(steps_s)} agent-steps/s "
             f"| {_fmt_rate(samples_s)} samples/s | staleness {last['staleness_mean']:.1f} | reuse "
             f"{last['sample_reuse']:.2f} | entropy {last['entropy']:.2f}")
-    e = logs.last_eval
-    if e:
-        text += f" | win vs {e['opponent']} {e['win_rate']:.0%} (v{e['version']})"
+    last = logs.last_evals()
+    if last:
+        text += " | " + _win_text(last)
+    return text
+
+
+def _win_text(last: dict[str, dict]) -> str:
+    """'win vs random 66% (v8), greedy 91%': the newest rate in each mode, the version where it differs."""
+    (mode, first), *others = last.items()
+    text = f"win vs {first['opponent']} {_MODE_WORD[mode]}{first['win_rate']:.0%} (v{first['version']})"
+    for mode, e in others:
+        text += f", {_MODE_WORD[mode]}{e['win_rate']:.0%}" + (
+            f" (v{e['version']})" if e["version"] != first["version"] else "")
     return text
 
 
@@ -102,7 +143,18 @@ class Progress:
             sys.stdout.flush()
 
 
-def final_summary(run_dir: Path, reason: str, elapsed: float, exit_code: int | None) -> str:
+@dataclass(frozen=True)
+class Launch:
+    """This `rapid train`: when it started (``time.time()``), whether it resumed a run, and the newest version
+    in the store then (None: unknown), so the summary's first minutes are of this launch."""
+
+    started: float
+    resumed: bool = False
+    version: int | None = 0
+
+
+def final_summary(run_dir: Path, reason: str, elapsed: float, exit_code: int | None,
+                  launch: Launch | None = None) -> str:
     ops = read_jsonl(run_dir / "logs" / "optimizer.jsonl")
     evals = baseline_evals(run_dir)
     lines = [f"\nrapid train finished: {reason} after {_fmt_time(elapsed)}"]
@@ -114,17 +166,62 @@ def final_summary(run_dir: Path, reason: str, elapsed: float, exit_code: int | N
                   f"consumed, {last['samples_dropped_stale']:,} went stale unused",
                   *balance_lines(last),
                   f"  skipped updates    : {last['skipped_updates']} (non-finite)   bad objects: {last['bad_objects']}"]
-    if evals:
-        best = max(evals, key=lambda e: e["win_rate"])
-        e = evals[-1]
-        lines += [f"  last evaluation    : v{e['version']} won {e['win_rate']:.1%} of {e['games']} games vs "
-                  f"{e['opponent']} (95% CI {e['ci_low']:.1%}–{e['ci_high']:.1%})",
-                  f"  best evaluation    : v{best['version']} {best['win_rate']:.1%}"]
+    if launch is not None:
+        split = first_minutes(ops, evals, launch)
+        if split:
+            lines.append(f"  first minutes      : {split}")
+    lines += evaluation_lines(evals)
     report = _write_report(run_dir)
     if report:
         lines.append(f"  plots              : {report}")
     lines.append(f"  continue with      : rapid train --run-dir {run_dir} --resume")
     return "\n".join(lines)
+
+
+def evaluation_lines(evals: list[dict]) -> list[str]:
+    """The last and the best evaluation against the baseline in each mode played."""
+    last, best = [], []
+    for mode, rows in by_mode(evals).items():
+        e, top = rows[-1], max(rows, key=lambda r: r["win_rate"])
+        last.append(f"v{e['version']} won {e['win_rate']:.1%} of {e['games']} {mode} games vs {e['opponent']} "
+                    f"(95% CI {e['ci_low']:.1%}–{e['ci_high']:.1%})")
+        best.append(f"v{top['version']} {top['win_rate']:.1%} {mode}")
+    if not last:
+        return []
+    return ([f"  last evaluation    : {last[0]}"] + [f"{'':23}{text}" for text in last[1:]]
+            + [f"  best evaluation    : {', '.join(best)}"])
+
+
+def first_minutes(ops: list[dict], evals: list[dict], launch: Launch) -> str:
+    """Where this launch's first minutes went, in seconds since it started: until the optimizer was up
+    (start-up), its first update, its first new version (queued for the store), the first evaluation, and the
+    first evaluation at ``REACHED`` or better in each mode. Parts whose records are missing are left out."""
+    ops = [o for o in ops if o.get("time", 0.0) >= launch.started]
+    evals = [e for e in evals if e.get("time", 0.0) >= launch.started]
+    parts = []
+    if ops and "elapsed_s" in ops[0]:
+        parts.append(f"start-up {_seconds(ops[0]['time'] - ops[0]['elapsed_s'] - launch.started)}")
+    if ops:
+        parts.append(f"first update {_seconds(ops[0]['time'] - launch.started)}")
+    new = None if launch.version is None else next((o for o in ops if o["version"] > launch.version), None)
+    if new:
+        parts.append(f"first version {_seconds(new['time'] - launch.started)}")
+    if evals:
+        first = evals[0]
+        twin = [e for e in evals if e["version"] == first["version"] and eval_mode(e) != eval_mode(first)][:1]
+        rates = ", ".join(f"{_MODE_WORD[eval_mode(e)]}{e['win_rate']:.1%}" for e in [first, *twin])
+        parts.append(f"first evaluation {_seconds(first['time'] - launch.started)} (v{first['version']} {rates})")
+    reached = [f"{_MODE_WORD[mode]}at {_seconds(e['time'] - launch.started)} (v{e['version']})"
+               for mode, rows in by_mode(evals).items()
+               for e in [r for r in rows if r["win_rate"] >= REACHED][:1]]
+    if reached:
+        parts.append(f"first ≥ {REACHED:.0%} " + ", ".join(reached))
+    text = " · ".join(parts)
+    return f"this launch: {text}" if launch.resumed and text else text
+
+
+def _seconds(x: float) -> str:
+    return f"{x:.1f} s"
 
 
 def balance_lines(last: dict) -> list[str]:
