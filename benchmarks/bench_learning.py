@@ -44,15 +44,23 @@ def evaluate(run_dir: Path, against: str, games: int) -> str:
     return out.stdout.strip()
 
 
-def eval_rows(run_dir: Path, opponent: str) -> list[dict]:
-    """The evaluator's records (``logs/eval.jsonl``) of its rounds against ``opponent``, oldest first."""
+def eval_rows(run_dir: Path, opponent: str, greedy: bool = False) -> list[dict]:
+    """The evaluator's records (``logs/eval.jsonl``) of its rounds against ``opponent``, oldest first: the sampled
+    matches, or with ``greedy`` the greedy ones (``eval.play``; records without the key were sampled)."""
     rows = [json.loads(line) for line in (run_dir / "logs" / "eval.jsonl").read_text().splitlines() if line]
-    return [r for r in rows if r.get("opponent") == opponent]
+    return [r for r in rows if r.get("opponent") == opponent and bool(r.get("greedy", False)) == greedy]
 
 
-def curve(run_dir: Path, started: float, opponent: str) -> list[tuple[float, int, float]]:
+def curve(run_dir: Path, started: float, opponent: str, greedy: bool = False) -> list[tuple[float, int, float]]:
     """(minutes since start, version, win rate) of every evaluation against ``opponent`` during training."""
-    return [(round((r["time"] - started) / 60, 2), r["version"], r["win_rate"]) for r in eval_rows(run_dir, opponent)]
+    return [(round((r["time"] - started) / 60, 2), r["version"], r["win_rate"])
+            for r in eval_rows(run_dir, opponent, greedy)]
+
+
+def greedy_at(run_dir: Path, version: int, opponent: str) -> str:
+    """The greedy evaluation of ``version`` (``eval.play = "both"``), or '' when it has none."""
+    row = next((r for r in eval_rows(run_dir, opponent, greedy=True) if r["version"] == version), None)
+    return f"; greedy at that round {row['win_rate']:.0%} of {row['games']}" if row else ""
 
 
 def tactics(run_dir: Path, games: int) -> str:
@@ -163,10 +171,14 @@ def bench_moba(out: Path, what: str, minutes: float | None, games: int, seeds: l
         print(f"[{what} seed {seed}] training {minutes:g} min ({load()}) {' '.join(overrides)}", flush=True)
         started = train(config, run, minutes, [f"run.seed={seed}", *overrides])
         points = curves[f"seed {seed}"] = curve(run, started, "lane")
-        first = next((m for m, _, w in points if w >= target), None)
+        first = next(((m, v) for m, v, w in points if w >= target), None)
         print(f"[{what} seed {seed}] curve vs lane (min, version, win rate): {points}")
+        greedy = curve(run, started, "lane", greedy=True)
+        if greedy:
+            print(f"[{what} seed {seed}] greedy curve vs lane: {greedy}")
         print(f"[{what} seed {seed}] {throughput(run)}")
-        print(f"[{what} seed {seed}] first ≥ {target:.0%} vs lane at {first} min; {base_kills(run)}; "
+        print(f"[{what} seed {seed}] first ≥ {target:.0%} vs lane at {first and first[0]} min"
+              f"{first and greedy_at(run, first[1], 'lane') or ''}; {base_kills(run)}; "
               f"final: {evaluate(run, 'bot:lane', games)} ({load()})", flush=True)
     plot_curves(curves, "lane", out / f"{Path(config).stem}-self-play.png", target)
 

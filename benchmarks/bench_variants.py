@@ -58,9 +58,11 @@ def judge(run_dir: Path, against: str, games: int, seed: int) -> None:
     print(f"  per game, learner/{against}: {means}")
 
 
-def curve(run_dir: Path, against: str) -> str:
-    """The evaluator's win rate (and wins before the time limit) at each round during training."""
-    rows = eval_rows(run_dir, against.removeprefix("bot:")) if (run_dir / "logs" / "eval.jsonl").exists() else []
+def curve(run_dir: Path, against: str, greedy: bool = False) -> str:
+    """The evaluator's win rate (and wins before the time limit) at each round during training, sampled or
+    (``eval.play`` greedy or both) greedy."""
+    has_log = (run_dir / "logs" / "eval.jsonl").exists()
+    rows = eval_rows(run_dir, against.removeprefix("bot:"), greedy) if has_log else []
     return " ".join(f"v{r['version']} {r['win_rate']:.2f} ({r.get('wins_before_limit', 0)} early)" for r in rows)
 
 
@@ -106,6 +108,9 @@ def main() -> int:
         judged = out / f"{name}.judged"
         print(judged.read_text().strip() if code == 0 else f"{name}: failed (exit {code}); see {out / name}.log")
         print(f"  evaluator during training: {curve(out / name, args.against)}", flush=True)
+        greedy = curve(out / name, args.against, greedy=True)
+        if greedy:
+            print(f"  greedy (eval.play): {greedy}", flush=True)
     return 0
 
 
