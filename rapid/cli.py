@@ -18,6 +18,8 @@ from rapid.agents import cli as agent_cli
 from rapid.api import run_dir_config
 from rapid.errors import FormatError, UsageError
 
+INVOKED = time.time()  # before torch is imported (by the commands): `rapid train`'s first minutes count from here
+
 WORKER_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}", re.ASCII)
 
 EPILOG = """examples:
@@ -160,7 +162,7 @@ def cmd_train(args) -> int:
         if not cfg.run.dir:  # no directory asked for: a fresh one, never someone's earlier run
             cfg.run.dir = fresh_run_dir(cfg.run.name)
     return run_train(cfg, resume=args.resume, show_progress=not args.no_progress,
-                     in_process=args.in_process).exit_code
+                     in_process=args.in_process, started=INVOKED).exit_code
 
 
 def cmd_config(args) -> int:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from rapid.infra.store import LocalStore, StoreError
-from rapid.monitoring.logs import read_jsonl
+from rapid.run.progress import baseline_evals
 
 ROOT = Path(__file__).resolve().parents[1]
 RAPID = str(Path(sys.executable).parent / "rapid")
@@ -67,7 +67,7 @@ def check_beats_random(run: Path, started: float, out: subprocess.CompletedProce
     ``target`` wins against uniform random over ≥ 200 games within ``within_s`` of ``started``, the run stopped
     by that target, and independent evaluations of that version, with other seeds, sampling and greedy, confirm
     it is no fluke (0.1 below the target, for the spread of 400 games)."""
-    evals = [e for e in read_jsonl(run / "logs" / "eval.jsonl") if e.get("opponent") == "random"]
+    evals = [e for e in baseline_evals(run, "sampled") if e.get("opponent") == "random"]
     curve = [(round(e["time"] - started), e["version"], e["win_rate"]) for e in evals]
     print("win-rate curve (s, version, win rate):", curve)
     reached = [e for e in evals if e["games"] >= 200 and e["win_rate"] >= target]

@@ -232,9 +232,11 @@ def fresh_run_dir(name: str) -> str:
 
 
 def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_process: bool = False,
-              echo: bool = True) -> TrainOutcome:
-    """Every role on this machine until a stop; ``echo`` prints the opening line and the summary (`rapid train`)."""
-    launched = time.time()  # the summary's first minutes count from here
+              echo: bool = True, started: float | None = None) -> TrainOutcome:
+    """Every role on this machine until a stop; ``echo`` prints the opening line and the summary (`rapid train`).
+    ``started``: when the command began (`rapid train` stamps it before its imports), else now; the summary's first
+    minutes count from there."""
+    launched = time.time() if started is None else started
     run_dir = prepare_run_dir(cfg, resume)
     launch = _launch(cfg, resume, launched)
     logs = run_dir / "logs"
