@@ -293,3 +293,25 @@ def test_the_worker_mixes_rewards_with_the_team_spirit_its_version_was_stamped_w
         w.set_params(1, policy.tensors(), meta)
         w.collect()
         assert used == [expected] * 4, meta
+
+
+def test_the_first_object_is_sealed_as_soon_as_a_sample_waits_the_rest_every_interval(tmp_path, segments):
+    """A fresh run's first update waits for the first experience: it goes out at once, not after a whole interval;
+    later segments wait for the interval as before."""
+    store = LocalStore(tmp_path / "s")
+    up = Uploader(store, worker="w0", interval_s=3600, max_backlog=4)
+    up.start()
+    try:
+        up.add(segments[0])
+        deadline = time.time() + 10
+        while up.stats.objects == 0 and time.time() < deadline:
+            time.sleep(0.02)
+        assert up.stats.objects == 1
+        up.add(segments[1])
+        time.sleep(0.3)
+        assert up.stats.objects == 1  # the second waits for the interval
+    finally:
+        t0 = time.time()
+        up.stop()  # flushes the second; a sealer waiting out its interval stops at once
+        assert time.time() - t0 < 5
+    assert up.stats.objects == 2

@@ -19,12 +19,12 @@ Usage::
     >>> store.list("experience/s0000/")
     ['experience/s0000/...-w0-...-00000000.rxp']
 
-Every ``interval_s`` the pending segments become one experience object (several, if one would pass the
-readers' size limits). An object's key is named when its upload starts, in one of the run's shards
-(``rapid.run.store_map``): the time in the name is the upload's, not the seal's, so an object that waited out
-an outage is still listed by a reader's cursor. If the store is unreachable the encoded objects wait in a
-backlog of at most ``max_backlog`` objects and ``max_backlog_bytes``; past either the oldest are dropped
-and counted, so memory stays bounded through an outage and nothing newer is lost.
+Every ``interval_s`` (the first time as soon as a sample waits) the pending segments become one experience
+object (several, if one would pass the readers' size limits). An object's key is named when its upload starts,
+in one of the run's shards (``rapid.run.store_map``): the time in the name is the upload's, not the seal's, so
+an object that waited out an outage is still listed by a reader's cursor. If the store is unreachable the encoded
+objects wait in a backlog of at most ``max_backlog`` objects and ``max_backlog_bytes``; past either the oldest are
+dropped and counted, so memory stays bounded through an outage and nothing newer is lost.
 
 Sealing and uploading run on two threads: a store that hangs (a stopped server accepts connections but
 never answers, and a read timeout can be a minute) holds up only the uploading thread, while sealing goes
@@ -101,6 +101,8 @@ class Uploader:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._stop = threading.Event()
+        self._first_sample = threading.Event()
+        """A sample is pending (or the uploader stops): the first object's seal waits for this, not the interval."""
         self._sealer = threading.Thread(target=self._seal_loop, name=f"sealer-{worker}", daemon=True)
         self._thread = threading.Thread(target=self._drain_loop, name=f"uploader-{worker}", daemon=True)
 
@@ -111,6 +113,8 @@ class Uploader:
     def add(self, segment: Segment) -> None:
         with self._lock:
             self._pending.append(segment)
+        if segment.arrays["version"].size:
+            self._first_sample.set()
 
     def seal(self) -> None:
         """Turn pending segments into encoded objects at the back of the backlog."""
@@ -215,8 +219,12 @@ class Uploader:
             pass
 
     def _seal_loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        # The first object goes as soon as a sample waits: a fresh run's first update waits for it, and a whole
+        # interval (60 s at a cluster's cadence) would idle the optimizer. Later ones every interval_s.
+        self._first_sample.wait(self.interval_s)
+        while not self._stop.is_set():
             self.seal()
+            self._stop.wait(self.interval_s)
 
     def _drain_loop(self) -> None:
         while not self._stop.is_set():
@@ -234,6 +242,7 @@ class Uploader:
 
     def stop(self) -> None:
         self._stop.set()
+        self._first_sample.set()
         with self._wake:
             self._wake.notify_all()
         self._sealer.join(timeout=self.interval_s + 30)
