@@ -83,7 +83,11 @@ def make_batch(spec, cfg, samples: int, game_steps: int, rng: np.random.Generato
             "returns": rng.normal(size=(S, T)).astype(np.float32), "active": np.ones((S, T), bool),
             "own": np.ones((S, T), bool),
             "first": first, "h0": rng.normal(size=(S, L)).astype(np.float32) * 0.1,
-            "c0": rng.normal(size=(S, L)).astype(np.float32) * 0.1}
+            "c0": rng.normal(size=(S, L)).astype(np.float32) * 0.1,
+            # what ppo.off_policy = "vtrace" trains from: nothing is bootstrapped across a game's end
+            "rewards": rng.normal(size=(S, T)).astype(np.float32),
+            "discounts": np.where(np.roll(first, -1, axis=1), 0.0, 0.99).astype(np.float32),
+            "bootstrap": rng.normal(size=S).astype(np.float32)}
 
 
 def timed(step, device: torch.device, repeat: int) -> tuple[float, float]:
@@ -99,12 +103,13 @@ def timed(step, device: torch.device, repeat: int) -> tuple[float, float]:
     return (time.perf_counter() - t0) / repeat, (time.process_time() - c0) / repeat
 
 
-def bench(name: str, device: torch.device, samples: int, repeat: int, game_steps: int, bf16: bool
-          ) -> tuple[dict[str, tuple[float, float]], int]:
+def bench(name: str, device: torch.device, samples: int, repeat: int, game_steps: int, bf16: bool,
+          extra: list[str]) -> tuple[dict[str, tuple[float, float]], int]:
     """(wall, CPU) seconds per update of: the learner handed numpy arrays, the learner handed a batch staged
-    on the device ahead (as a loop that prefetches would), and the reference (its data already there)."""
+    on the device ahead (as a loop that prefetches would), and the reference (its data already there).
+    ``extra``: config overrides on top of the model's (``--set``)."""
     path, overrides, own_game_steps = MODELS[name]
-    cfg = load_config(path, overrides=overrides)
+    cfg = load_config(path, overrides=[*overrides, *extra])
     spec = env_spec(cfg)
     batch = make_batch(spec, cfg, samples, game_steps or own_game_steps, np.random.default_rng(0))
     learner = Learner(build_policy(cfg, spec), cfg.ppo, device, bf16=bf16)
@@ -149,9 +154,9 @@ def peak_bytes(step, device: torch.device) -> int:
     return peak
 
 
-def memory(name: str, device: torch.device, samples: int, microbatch: int) -> None:
+def memory(name: str, device: torch.device, samples: int, microbatch: int, extra: list[str]) -> None:
     path, overrides, game_steps = MODELS[name]
-    cfg = load_config(path, overrides=overrides)
+    cfg = load_config(path, overrides=[*overrides, *extra])
     spec = env_spec(cfg)
     batch = make_batch(spec, cfg, samples, game_steps, np.random.default_rng(0))
     obs_mb = batch["obs"].nbytes / 2**20
@@ -206,11 +211,12 @@ class NoStore:
         return "no store"
 
 
-def loop_bench(name: str, device: torch.device, samples: int, repeat: int) -> tuple[float, float]:
+def loop_bench(name: str, device: torch.device, samples: int, repeat: int, extra: list[str]) -> tuple[float, float]:
     """(samples/s of the loop over ``repeat`` updates after two warm-up ones, mean update_s)."""
     path, overrides, game_steps = MODELS[name]
     updates = repeat + 2
-    cfg = load_config(path, overrides=[*overrides, "optimizer.balance=false", f"optimizer.batch_samples={samples}",
+    cfg = load_config(path, overrides=[*overrides, *extra, "optimizer.balance=false",
+                                       f"optimizer.batch_samples={samples}",
                                        f"optimizer.buffer_samples={2 * samples}", "optimizer.max_reuse=1e9",
                                        "optimizer.target_reuse=1e9", f"run.updates={updates}"])
     spec = env_spec(cfg)
@@ -251,6 +257,8 @@ def main() -> None:
     parser.add_argument("--microbatch", type=int, default=256, help="chunk size compared with --memory")
     parser.add_argument("--loop", action="store_true", help="time the optimizer loop's own path instead")
     parser.add_argument("--sizes", type=int, nargs="+", default=LOOP_SIZES, help="batch sizes timed with --loop")
+    parser.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every model, e.g. --set ppo.off_policy=vtrace (repeatable)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.exit(2, "bench_learner.py: --device cuda but CUDA is not available\n")
@@ -259,23 +267,23 @@ def main() -> None:
     device = torch.device(args.device)
     if args.memory:
         for name in args.models:
-            memory(name, device, args.samples, args.microbatch)
+            memory(name, device, args.samples, args.microbatch, args.extra)
         return
     if args.loop:
         print(f"device={device} repeat={args.repeat} threads={torch.get_num_threads()} (the optimizer loop's path)")
         print(f"{'model':<10} {'samples':>8} {'samples/s':>10} {'update_s':>9}")
         for name in args.models:
             for n in args.sizes:
-                rate, update_s = loop_bench(name, device, n, args.repeat)
+                rate, update_s = loop_bench(name, device, n, args.repeat, args.extra)
                 print(f"{name:<10} {n:>8,} {rate:>10,.0f} {update_s:>9.4f}", flush=True)
         return
     print(f"device={device} samples={args.samples} repeat={args.repeat} bf16={args.bf16} "
-          f"threads={torch.get_num_threads()}")
+          f"threads={torch.get_num_threads()} {' '.join(args.extra)}")
     print(f"{'model':<10} {'':<14} {'samples/s':>10} {'decisions/s':>12} {'ratio':>6}   {'per CPU-second':>14} "
           f"{'ratio':>6}")
     n = args.samples
     for name in args.models:
-        times, bptt = bench(name, device, n, args.repeat, args.game_steps, args.bf16)
+        times, bptt = bench(name, device, n, args.repeat, args.game_steps, args.bf16, args.extra)
         ref_wall, ref_cpu = times["reference"]
         for kind, (wall, cpu) in times.items():
             print(f"{name:<10} {kind:<14} {n / wall:>10,.0f} {n * bptt / wall:>12,.0f} {ref_wall / wall:>6.2f}   "
