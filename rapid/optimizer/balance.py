@@ -9,11 +9,14 @@ The design (GA3C's run-time scheduling with Rapid's targets):
   arrive: it adapts how much it trains per received sample through the batch size. A backlog of unused
   samples beyond two batches grows the batch: on a GPU a larger batch amortizes the per-update overhead,
   so more samples per second go through. Not always: on a CPU a batch of 1,024 cost 0.48 ms a sample and
-  one of 128 0.27 ms. So each growth is a trial: after ``MEASURE_UPDATES`` updates at the new size, the
-  batch stays only if it moved more samples per busy second than before (:func:`growth_paid`); otherwise
-  it goes back and that size becomes the ceiling for the run. An optimizer that keeps waiting for data with little
-  backlog shrinks the batch back towards the configured ``batch_samples``, never below, never above
-  ``max_batch_samples``.
+  one of 128 0.27 ms. So each growth is a trial: once the new size is measured (``MEASURE_UPDATES`` updates
+  and ``MEASURE_S`` busy seconds), the batch stays only if it moved more samples per busy second than before
+  (:func:`growth_paid`); otherwise it goes back and that size becomes the ceiling for the run. Both sizes are
+  judged by their quicker updates (:func:`samples_per_busy_s`), and nothing is tried in the first ``WARMUP_S``:
+  on a laptop the other processes share the cores, and their start-up and evaluation rounds made a few
+  updates at the old size look dear enough to keep a batch that costs more a sample. An optimizer that keeps
+  waiting for data with little backlog shrinks the batch back towards the configured ``batch_samples``, never
+  below, never above ``max_batch_samples``.
 - **Staleness.** Rollouts upload every ``upload_interval_s`` and poll parameters every ``param_poll_s``; a
   version published after every update makes a sample look many versions old just by waiting for its
   upload (samples then go "stale" by the dozen). Versions are published by time instead, about once per
@@ -33,7 +36,7 @@ The optimizer calls ``step`` once per update with the buffer's counts (``dropped
 Usage::
 
     >>> balancer = Balancer(BalanceSettings(batch=256, max_batch=1024, target_reuse=1.0, publish_interval_s=2.0))
-    >>> for update in range(MEASURE_UPDATES + 1):                # 0.25 s an update: 1,024 samples a busy second
+    >>> for update in range(40):             # 10 s at 0.25 s an update (1,024 samples a busy second): past the warm-up
     ...     d = balancer.step(0.25 * update, received=250 * update, consumed=256 * update, wasted=0,
     ...                       backlog=600, busy_s=0.25)
     >>> d.batch, d.arrival_per_s, d.capacity_per_s, d.message    # backlog > 2 batches: the batch grows (a trial)
@@ -48,6 +51,7 @@ Usage::
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass
 
@@ -56,6 +60,12 @@ ADJUST_EVERY_S = 1.0
 WARN_EVERY_S = 60.0
 WASTE_TOLERANCE = 0.05
 MEASURE_UPDATES = 8
+MEASURE_S = 3.0
+"""A batch size is measured once it ran ``MEASURE_UPDATES`` updates and this many busy seconds."""
+WARMUP_S = 5.0
+"""No growth is tried, and no update measured, in the first seconds after the first update."""
+MEASURED_UPDATES = 256
+"""A size's samples per busy second come from its last this many updates."""
 MIN_GAIN_SHARE = 0.2
 OVERLOAD_MARGIN = 1.1
 """Rollouts outrun the optimizer when arrival × target reuse exceeds its capacity by more than this factor:
@@ -81,6 +91,17 @@ def growth_paid(before: int, before_per_busy_s: float, after: int, after_per_bus
     least ``MIN_GAIN_SHARE`` of the growth: where the per-update overhead dominates (a GPU), they rise about
     as much as the batch; where each sample costs the same or more (a CPU), not at all."""
     return after_per_busy_s >= before_per_busy_s * (1 + MIN_GAIN_SHARE * (after / before - 1))
+
+
+def samples_per_busy_s(costs: deque[float] | list[float]) -> float:
+    """Samples per busy second of a batch size from its updates' busy seconds per sample, at the lower quartile:
+    other processes only ever slow an update (a start-up, an evaluation round), so the quicker updates show
+    what the size itself costs, and a trial is not decided by what else the cores did meanwhile.
+
+    >>> samples_per_busy_s([0.001, 0.001, 0.001, 0.004, 0.004])   # two of five updates slowed fourfold
+    1000.0
+    """
+    return 1.0 / statistics.quantiles(costs, n=4, method="inclusive")[0] if len(costs) > 1 else 0.0
 
 
 def publish_due(now: float, last_publish: float, interval_s: float) -> bool:
@@ -143,14 +164,17 @@ class Balancer:
         self.batch = settings.batch
         self.ceiling = settings.max_batch
         """The largest batch to try: lowered to a size whose growth did not pay (see :func:`growth_paid`)."""
-        self._since_change = (0, 0.0, 0)  # (consumed, busy seconds, updates) when the batch last changed
+        self._costs: deque[float] = deque(maxlen=MEASURED_UPDATES)
+        """Busy seconds per sample of the updates at the current size (after the warm-up)."""
+        self._size_busy_s = 0.0
+        self._last_consumed: int | None = None
+        self._first_step: float | None = None
         self._trial: tuple[int, float] | None = None  # (batch before a growth, its samples per busy second)
         self._received: deque[tuple[float, float]] = deque()
         self._consumed: deque[tuple[float, float]] = deque()
         self._wasted: deque[tuple[float, float]] = deque()
         self._busy: deque[tuple[float, float]] = deque()
         self._busy_total = 0.0
-        self._updates = 0
         self._last_adjust = now
         self._started = now
         self._last_warn = -math.inf
@@ -160,39 +184,45 @@ class Balancer:
         while len(points) > 2 and points[1][0] <= now - self.s.window_s:
             points.popleft()
 
-    def _adjust(self, consumed: int, backlog: int, idle_share: float) -> None:
-        """Shrink at once; grow, and judge a growth, only once the current size has been measured over
-        ``MEASURE_UPDATES`` updates."""
-        consumed_then, busy_then, updates_then = self._since_change
-        busy = self._busy_total - busy_then
-        measured = self._updates - updates_then >= MEASURE_UPDATES and busy > 0
-        per_busy_s = (consumed - consumed_then) / busy if measured else 0.0
+    def _adjust(self, backlog: int, idle_share: float) -> None:
+        """Shrink at once; grow, and judge a growth, only once the current size is measured."""
+        measured = len(self._costs) >= MEASURE_UPDATES and self._size_busy_s >= MEASURE_S
         if self._trial is not None:
             if not measured:
                 return
             before, before_per_busy_s = self._trial
             self._trial = None
-            if not growth_paid(before, before_per_busy_s, self.batch, per_busy_s):
+            if not growth_paid(before, before_per_busy_s, self.batch, samples_per_busy_s(self._costs)):
                 self.ceiling = before
-                self._change(before, consumed)
+                self._change(before)
                 return
         batch = next_batch(self.batch, backlog, idle_share, self.s.batch, self.ceiling, self.s.multiple)
         if batch > self.batch:
             if not measured:
                 return
-            self._trial = (self.batch, per_busy_s)
+            self._trial = (self.batch, samples_per_busy_s(self._costs))
         if batch != self.batch:
-            self._change(batch, consumed)
+            self._change(batch)
 
-    def _change(self, batch: int, consumed: int) -> None:
+    def _change(self, batch: int) -> None:
         self.batch = batch
-        self._since_change = (consumed, self._busy_total, self._updates)
+        self._costs.clear()
+        self._size_busy_s = 0.0
+
+    def _measure(self, now: float, consumed: int, busy_s: float) -> None:
+        """Records the update's busy seconds per sample it drew (after the warm-up)."""
+        samples = consumed - (consumed if self._last_consumed is None else self._last_consumed)
+        self._last_consumed = consumed
+        self._first_step = now if self._first_step is None else self._first_step
+        if now - self._first_step >= WARMUP_S and samples > 0 and busy_s > 0:
+            self._costs.append(busy_s / samples)
+            self._size_busy_s += busy_s
 
     def step(self, now: float, received: int, consumed: int, wasted: int, backlog: int,
              busy_s: float) -> Decision:
         """Once per update: ``busy_s`` is the time the update itself took (not waiting for data)."""
         self._busy_total += busy_s
-        self._updates += 1
+        self._measure(now, consumed, busy_s)
         for points, value in ((self._received, received), (self._consumed, consumed), (self._wasted, wasted),
                               (self._busy, self._busy_total)):
             self._push(points, now, value)
@@ -203,7 +233,7 @@ class Balancer:
         recv_window = self._received[-1][1] - self._received[0][1]
         waste_share = (self._wasted[-1][1] - self._wasted[0][1]) / recv_window if recv_window > 0 else 0.0
         if now - self._last_adjust >= ADJUST_EVERY_S:
-            self._adjust(consumed, backlog, 1.0 - busy_share)
+            self._adjust(backlog, 1.0 - busy_share)
             self._last_adjust = now
         measured = now - self._started >= self.s.window_s  # a start-up burst alone is no rate
         line = overload_line(arrival, capacity, self.s.target_reuse, waste_share,
