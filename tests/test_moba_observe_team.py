@@ -61,3 +61,20 @@ def test_a_hero_sees_its_own_structures_in_its_own_frame_with_the_enemies_near_t
     st.alive[0, enemy] = False  # the dead are no threat, wherever they lie
     feat = env.observe_now().obs[0, :, -width:-lay.n].reshape(H, OWN_STRUCT_FEATURES, S)
     assert not feat[:, 4].any()
+
+
+def test_spawn_in_lanes_starts_and_respawns_each_hero_in_front_of_its_lane():
+    env = MobaVecEnv(num_games=4, seed=1, heroes_per_side=5, lanes=3, spawn_in_lanes=True)
+    env.reset()
+    st, lay, cfg = env.state, env.layout, env.cfg
+    own_lane_y = cfg.lane_y()[np.arange(lay.H) % 5 % 3]
+    assert np.abs(st.y[:, :lay.H] - own_lane_y).max() <= 3.0
+    assert set(np.unique(own_lane_y)) == {0.0, 25.0, -25.0}
+    st.alive[:, :lay.H] = False  # every hero dead, its respawn timer run out: back at its lane's fountain
+    st.respawn[:, :lay.H] = 0.0
+    env.step(np.zeros((4, lay.H, len(env.spec.action_heads)), np.int64))
+    assert st.alive[:, :lay.H].all()
+    np.testing.assert_allclose(st.y[:, :lay.H], np.broadcast_to(own_lane_y, (4, lay.H)), atol=cfg.hero_speed)
+    plain = MobaVecEnv(num_games=4, seed=1, heroes_per_side=5, lanes=3)
+    plain.reset()
+    assert np.abs(plain.state.y[:, :lay.H]).max() <= 3.0  # the default: all heroes start in the middle

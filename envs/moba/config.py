@@ -43,6 +43,11 @@ class MobaConfig:
     its HP, where it is and how many enemies it sees; and which hero of its team it is (one-hot). With three
     lanes a hero sees no other lane, so without these it cannot tell that its base is under attack, and heroes
     that start alike have no role to split the lanes by. Appended after every other group (surgery adds it)."""
+    spawn_in_lanes: bool = False
+    """Heroes start and respawn at their fountain in front of their own lane (hero i of a team: lane i mod
+    ``lanes``, the lanes the ``lane`` bot gives them) instead of together in the middle. Heroes that start alike
+    and act greedily (their most likely action) all walk the same way; apart, one deterministic policy can hold
+    every lane."""
 
     # --- raw reward weights (team spirit and zero-sum mixing happen in the rollout worker)
     reward_win: float = 1.0

@@ -237,7 +237,7 @@ class Rules:
         st.alive[:, :H] |= back
         st.x[:, :H] = np.where(back, np.where(lay.hero_side == 0, cfg.fountain_x, cfg.map_length - cfg.fountain_x),
                                st.x[:, :H])
-        st.y[:, :H] = np.where(back, 0.0, st.y[:, :H])
+        st.y[:, :H] = np.where(back, lay.spawn_y, st.y[:, :H])
         reached = np.floor((1 + np.sqrt(1 + 8 * st.xp / cfg.xp_per_level)) / 2)  # inverts l (l - 1) / 2
         level = np.minimum(cfg.max_level, reached).astype(np.int64)
         lv = (level - 1).astype(np.float32)

@@ -81,6 +81,9 @@ class Layout:
         hero_side = self.team[: self.H]
         self.hero_side = hero_side
         self.side_sign = np.where(hero_side == 0, 1.0, -1.0).astype(np.float32)
+        hero_lane = np.arange(self.H) % n % L
+        self.spawn_y = (lane_y[hero_lane] if cfg.spawn_in_lanes else np.zeros(self.H)).astype(np.float32)
+        """Where each hero (re)spawns across the map: the middle, or with ``spawn_in_lanes`` its lane."""
         side_heroes = np.arange(self.H).reshape(2, n)
         side_structs = self.structs.reshape(2, self.S_side)
         side_creeps = self.creeps.reshape(2, self.C_side)
@@ -148,7 +151,7 @@ class State:
         H = lay.H
         side_x = np.where(lay.hero_side == 0, cfg.fountain_x, cfg.map_length - cfg.fountain_x)
         self.x[games, :H] = side_x + rng.uniform(0.0, 2.0, (k, H)) * lay.side_sign
-        self.y[games, :H] = rng.uniform(-3.0, 3.0, (k, H))
+        self.y[games, :H] = lay.spawn_y + rng.uniform(-3.0, 3.0, (k, H))
         self.x[games, H:H + lay.S] = lay.struct_x
         self.y[games, H:H + lay.S] = lay.struct_y
         self.x[games, H + lay.S:] = 0.0
