@@ -145,6 +145,7 @@ def benchmark_module(script: str):
     path = ROOT / script
     spec = importlib.util.spec_from_file_location(f"_docs_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass looks its module up there while the module runs
     sys.path.insert(0, str(path.parent))  # as `python benchmarks/x.py` would (bench_fleet imports `fleet`)
     try:
         spec.loader.exec_module(module)
