@@ -45,18 +45,19 @@ class Tally:
 
     lanes: int
     heroes: int
-    lane_steps: np.ndarray = field(init=False)
-    """[games, hero index in team, lane]: alive hero-steps in a lane (past the own inner tower)."""
+    games: list[np.ndarray] = field(default_factory=list)
+    """Per finished game, [hero index in team, lane]: alive hero-steps in a lane (past the own inner tower)."""
     alive_steps: int = 0
-    type_steps: np.ndarray = field(init=False)
+    type_steps: np.ndarray = field(default_factory=lambda: np.zeros(NUM_TYPES))
     deaths: list[float] = field(default_factory=list)
     enemy_deaths: list[float] = field(default_factory=list)
     destroyed: list[float] = field(default_factory=list)
     lost: list[float] = field(default_factory=list)
 
-    def __post_init__(self):
-        self.lane_steps = np.zeros((0, self.heroes, self.lanes))
-        self.type_steps = np.zeros(NUM_TYPES)
+    @property
+    def lane_steps(self) -> np.ndarray:
+        """[games, hero index in team, lane]."""
+        return np.stack(self.games) if self.games else np.zeros((0, self.heroes, self.lanes))
 
 
 def tally_match(env, player, bot, games: int, seed: int) -> tuple[Tally, object]:
@@ -68,6 +69,7 @@ def tally_match(env, player, bot, games: int, seed: int) -> tuple[Tally, object]
     current = np.zeros((env.num_games, n, cfg.lanes))
 
     own_edge = np.where(lay.hero_side == 0, 0.0, cfg.map_length)
+    index = np.arange(H) % n  # each hero's index in its team
 
     def watch(step: StepResult, rows: np.ndarray, actions: np.ndarray) -> None:
         st = env.state
@@ -75,7 +77,6 @@ def tally_match(env, player, bot, games: int, seed: int) -> tuple[Tally, object]
         # In a lane: past the own inner tower (heroes start in the middle by their base); the nearest lane.
         out = alive & (np.abs(st.x[:, :H] - own_edge) > cfg.tower_x[1])
         lane = np.abs(st.y[:, :H, None] - lane_y).argmin(-1)  # [B, H]
-        index = np.arange(H) % n
         for h in range(H):
             g = np.flatnonzero(out[:, h])
             np.add.at(current, (g, index[h], lane[g, h]), 1.0)
@@ -83,7 +84,7 @@ def tally_match(env, player, bot, games: int, seed: int) -> tuple[Tally, object]
         np.add.at(tally.type_steps, actions[..., 0][alive], 1.0)
 
     def on_episode(ep: EpisodeStats, side_a: int) -> None:
-        tally.lane_steps = np.concatenate([tally.lane_steps, current[ep.game][None]])
+        tally.games.append(current[ep.game].copy())
         current[ep.game] = 0.0
         own, other = side_a, 1 - side_a
         for key, out, side in (("deaths", tally.deaths, own), ("deaths", tally.enemy_deaths, other),
@@ -113,15 +114,16 @@ def mean_text(values: list[float]) -> str:
 
 
 def row(mode: str, tally: Tally, score) -> str:
-    lanes = tally.lane_steps.sum((0, 1))
+    steps = tally.lane_steps
+    lanes = steps.sum((0, 1))
     lane_share = lanes / max(lanes.sum(), 1.0)
     # A hero's main lane per game (heroes that reached a lane); distinct main lanes of a team per game.
-    roles = float(np.mean([len(set(game.argmax(-1)[game.sum(-1) > 0])) for game in tally.lane_steps]))
+    roles = float(np.mean([len(set(game.argmax(-1)[game.sum(-1) > 0])) for game in steps]))
     in_lane = lanes.sum() / max(tally.alive_steps, 1)
     types = tally.type_steps / max(tally.type_steps.sum(), 1.0)
     return (f"| {mode} | {score.win_rate:.1%} ({score.wins_before_limit} before the limit) | {in_lane:.1%} | "
             + " / ".join(f"{s:.1%}" for s in lane_share) + f" | {roles:.2f} | "
-            + f"{index_lane_information(tally.lane_steps):.2f} | "
+            + f"{index_lane_information(steps):.2f} | "
             + " / ".join(f"{t:.1%}" for t in types)
             + f" | {mean_text(tally.deaths)} : {mean_text(tally.enemy_deaths)} | "
             + f"{mean_text(tally.destroyed)} : {mean_text(tally.lost)} |")

@@ -47,7 +47,7 @@ class LaneBot(ScriptedBot):
         lay, cfg, ob = env.layout, env.cfg, env.observer
         self.sign = lay.side_sign
         # Every hero is given a lane; its wave is the allied creeps of that lane.
-        self.hero_lane = np.arange(lay.H) % lay.n % lay.lanes
+        self.hero_lane = lay.hero_lane
         self.lane_y = cfg.lane_y()[self.hero_lane]
         creep_lane = lay.lane[lay.creeps]
         creep_team = lay.team[lay.creeps]

@@ -64,7 +64,7 @@ MEASURE_S = 3.0
 """A batch size is measured once it ran ``MEASURE_UPDATES`` updates and this many busy seconds."""
 WARMUP_S = 5.0
 """No growth is tried, and no update measured, in the first seconds after the first update."""
-MEASURED_UPDATES = 256
+COSTS_KEPT = 256
 """A size's samples per busy second come from its last this many updates."""
 MIN_GAIN_SHARE = 0.2
 OVERLOAD_MARGIN = 1.1
@@ -164,7 +164,7 @@ class Balancer:
         self.batch = settings.batch
         self.ceiling = settings.max_batch
         """The largest batch to try: lowered to a size whose growth did not pay (see :func:`growth_paid`)."""
-        self._costs: deque[float] = deque(maxlen=MEASURED_UPDATES)
+        self._costs: deque[float] = deque(maxlen=COSTS_KEPT)
         """Busy seconds per sample of the updates at the current size (after the warm-up)."""
         self._size_busy_s = 0.0
         self._last_consumed: int | None = None
