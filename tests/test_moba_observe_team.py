@@ -78,3 +78,29 @@ def test_spawn_in_lanes_starts_and_respawns_each_hero_in_front_of_its_lane():
     plain = MobaVecEnv(num_games=4, seed=1, heroes_per_side=5, lanes=3)
     plain.reset()
     assert np.abs(plain.state.y[:, :lay.H]).max() <= 3.0  # the default: all heroes start in the middle
+
+
+def test_reward_off_lane_charges_a_living_hero_away_from_its_lane_only_early_in_the_game():
+    kw = dict(num_games=3, seed=2, heroes_per_side=5, lanes=3, spawn_in_lanes=True, lane_phase_s=10.0)
+    env = MobaVecEnv(**kw, reward_off_lane=-0.5)
+    plain = MobaVecEnv(**kw)
+    noop = np.zeros((3, 10, len(env.spec.action_heads)), np.int64)
+    lay, dt = env.layout, env.cfg.seconds_per_step
+    for e in (env, plain):
+        e.reset()
+        e.state.x[:, : lay.H] = 50.0  # mid-map, out of reach of fountains and towers: no other reward moves
+        e.state.y[:, : lay.H] = lay.own_lane_y
+        e.state.y[0, 1] = 0.0  # game 0: a top-lane hero in the middle lane
+        e.state.y[1, 6] = -13.0  # game 1: a top-lane hero of side 1 nearer the bottom lane
+        e.state.alive[2, 3] = False  # game 2: a mid hero, dead, far from its lane
+        e.state.y[2, 3] = 25.0
+        e.state.respawn[2, 3] = 100.0
+    extra = env.step(noop).rewards - plain.step(noop).rewards
+    expected = np.zeros((3, 10), np.float32)
+    expected[0, 1] = expected[1, 6] = -0.5 * dt
+    np.testing.assert_allclose(extra, expected, atol=1e-6)
+    for e in (env, plain):
+        e.state.step_count[:] = int(10.0 / dt)  # past lane_phase_s: no charge any more
+    assert np.abs(env.step(noop).rewards - plain.step(noop).rewards).max() < 1e-6
+    with pytest.raises(ValueError, match="penalty"):
+        MobaVecEnv(num_games=1, reward_off_lane=0.1)

@@ -74,6 +74,13 @@ class MobaConfig:
     """Per gold earned."""
     reward_xp: float = 0.0
     """Per XP earned."""
+    reward_off_lane: float = 0.0
+    """Per second a living hero spends away from its own lane (hero i of a team: lane i mod ``lanes``; away: nearer
+    another lane) in the first ``lane_phase_s`` seconds of a game; negative, a penalty. OpenAI Five assigned its
+    heroes to lanes the same way early in the game: heroes that share one policy split the lanes by their index
+    instead of all walking the way the policy's most likely action leads."""
+    lane_phase_s: float = 120.0
+    """How long into a game ``reward_off_lane`` applies."""
 
     # --- map
     map_length: float = 100.0
@@ -218,6 +225,8 @@ class MobaConfig:
             raise ValueError("moba: max_seconds and seconds_per_step must be positive")
         if not 0.0 <= self.limit_win_share <= 1.0:
             raise ValueError(f"moba: limit_win_share must be in [0, 1], got {self.limit_win_share}")
+        if self.reward_off_lane > 0.0:
+            raise ValueError(f"moba: reward_off_lane is a penalty: zero or negative, got {self.reward_off_lane}")
         if self.creep_slots % self.wave_size:
             raise ValueError("moba: creep_slots must be a multiple of wave_size")
 

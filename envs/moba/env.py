@@ -122,6 +122,10 @@ class MobaVecEnv(VecMultiAgentEnv):
              + cfg.reward_tower_kill * ev.structures_destroyed[:, side] + cfg.reward_gold * ev.gold
              + cfg.reward_xp * ev.xp)
         st = self.state
+        if cfg.reward_off_lane:
+            early = st.step_count * cfg.seconds_per_step <= cfg.lane_phase_s
+            away = np.abs(st.y[:, : self.layout.H] - self.layout.own_lane_y) > cfg.lane_spacing / 2
+            r += cfg.reward_off_lane * cfg.seconds_per_step * (early[:, None] & away & st.alive[:, : self.layout.H])
         st.kills += ev.kills
         st.deaths += ev.deaths
         st.last_hits += ev.last_hits

@@ -83,7 +83,8 @@ class Layout:
         self.side_sign = np.where(hero_side == 0, 1.0, -1.0).astype(np.float32)
         self.hero_lane = np.arange(self.H) % n % L
         """Each hero's own lane (its index in its team, mod the lanes): where the ``lane`` bot sends it."""
-        self.spawn_y = (lane_y[self.hero_lane] if cfg.spawn_in_lanes else np.zeros(self.H)).astype(np.float32)
+        self.own_lane_y = lane_y[self.hero_lane].astype(np.float32)
+        self.spawn_y = (self.own_lane_y if cfg.spawn_in_lanes else np.zeros(self.H)).astype(np.float32)
         """Where each hero (re)spawns across the map: the middle, or with ``spawn_in_lanes`` its lane."""
         side_heroes = np.arange(self.H).reshape(2, n)
         side_structs = self.structs.reshape(2, self.S_side)
