@@ -16,6 +16,9 @@ markdown table:
   lanes and heroes split over them), averaged over games;
 - ``index→lane``: how much a hero's lane depends on its index in its team (the mutual information between the
   index and the lane, over the lane's entropy: 0, every index goes the same way; 1, the index fixes the lane);
+- ``own lane early``: the share of alive hero-steps in the first ``lane_phase_s`` seconds of a game (the moba option
+  that ``reward_off_lane`` charges in, 120 s by default) spent nearest the hero's own lane (hero i: lane i mod
+  lanes, where the ``lane`` bot sends it);
 - the share of each action type, deaths and structures destroyed per game, per side.
 """
 
@@ -48,6 +51,10 @@ class Tally:
     games: list[np.ndarray] = field(default_factory=list)
     """Per finished game, [hero index in team, lane]: alive hero-steps in a lane (past the own inner tower)."""
     alive_steps: int = 0
+    early_steps: int = 0
+    """Alive hero-steps in the first ``lane_phase_s`` seconds of a game…"""
+    early_own_lane: int = 0
+    """…and those of them nearest the hero's own lane."""
     type_steps: np.ndarray = field(default_factory=lambda: np.zeros(NUM_TYPES))
     deaths: list[float] = field(default_factory=list)
     enemy_deaths: list[float] = field(default_factory=list)
@@ -81,6 +88,9 @@ def tally_match(env, player, bot, games: int, seed: int) -> tuple[Tally, object]
             g = np.flatnonzero(out[:, h])
             np.add.at(current, (g, index[h], lane[g, h]), 1.0)
         tally.alive_steps += int(alive.sum())
+        early = alive & (st.step_count * cfg.seconds_per_step <= cfg.lane_phase_s)[:, None]
+        tally.early_steps += int(early.sum())
+        tally.early_own_lane += int((early & (lane == lay.hero_lane)).sum())
         np.add.at(tally.type_steps, actions[..., 0][alive], 1.0)
 
     def on_episode(ep: EpisodeStats, side_a: int) -> None:
@@ -123,7 +133,7 @@ def row(mode: str, tally: Tally, score) -> str:
     types = tally.type_steps / max(tally.type_steps.sum(), 1.0)
     return (f"| {mode} | {score.win_rate:.1%} ({score.wins_before_limit} before the limit) | {in_lane:.1%} | "
             + " / ".join(f"{s:.1%}" for s in lane_share) + f" | {roles:.2f} | "
-            + f"{index_lane_information(steps):.2f} | "
+            + f"{index_lane_information(steps):.2f} | {tally.early_own_lane / max(tally.early_steps, 1):.1%} | "
             + " / ".join(f"{t:.1%}" for t in types)
             + f" | {mean_text(tally.deaths)} : {mean_text(tally.enemy_deaths)} | "
             + f"{mean_text(tally.destroyed)} : {mean_text(tally.lost)} |")
@@ -145,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     against = args.against or cfg.eval.opponent
     lane_names = LANE_NAMES[: int(cfg.env.options.get("lanes", 1))]
     print(f"| mode | win rate vs {against} | in a lane | lane-steps ({' / '.join(lane_names)}) | roles | index→lane "
-          f"| action types ({' / '.join(TYPE_NAMES)}) | deaths (own : enemy) | structures (destroyed : lost) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          f"| own lane early | action types ({' / '.join(TYPE_NAMES)}) | deaths (own : enemy) "
+          "| structures (destroyed : lost) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     version = str(resolve_version(params, args.version))  # both modes play the same version of a live run
     for mode in ("sampled", "greedy"):
         env = make_env(cfg.env.name, num_games=batch_size(args.games), seed=args.seed, options=cfg.env.options)

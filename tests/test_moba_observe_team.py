@@ -104,3 +104,20 @@ def test_reward_off_lane_charges_a_living_hero_away_from_its_lane_only_early_in_
     assert np.abs(env.step(noop).rewards - plain.step(noop).rewards).max() < 1e-6
     with pytest.raises(ValueError, match="penalty"):
         MobaVecEnv(num_games=1, reward_off_lane=0.1)
+
+
+def test_observe_lane_appends_each_heros_own_lane_and_how_far_across_it_lies():
+    kw = dict(num_games=2, seed=4, heroes_per_side=5, lanes=3, observe_team=True)
+    plain, seeing = MobaVecEnv(**kw), MobaVecEnv(**kw, observe_lane=True)
+    assert seeing.spec.obs_dim == plain.spec.obs_dim + 3 + 1
+    before, after = plain.reset().obs, seeing.reset().obs
+    np.testing.assert_array_equal(after[..., : plain.spec.obs_dim], before)  # the columns before keep their meaning
+    lay = seeing.layout
+    seeing.state.y[:, : lay.H] = 0.0
+    seeing.state.y[1, 6] = 30.0  # side 1's second hero (top lane, y 25), 5 units above it
+    lane = seeing.observe_now().obs[..., -4:]
+    np.testing.assert_array_equal(lane[0, :, :3], np.eye(3)[[0, 1, 2, 0, 1] * 2])
+    np.testing.assert_allclose(lane[0, :, 3], np.array([0, 1, -1, 0, 1] * 2))  # from the middle: 25 up or down
+    assert lane[1, 6, 3] == pytest.approx(-5 / 25)
+    seeing.state.y[0, 2] = 40.0  # the bottom hero at the very top: 65 units away, clipped
+    assert seeing.observe_now().obs[0, 2, -1] == pytest.approx(-1.5)

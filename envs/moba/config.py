@@ -43,6 +43,10 @@ class MobaConfig:
     its HP, where it is and how many enemies it sees; and which hero of its team it is (one-hot). With three
     lanes a hero sees no other lane, so without these it cannot tell that its base is under attack, and heroes
     that start alike have no role to split the lanes by. Appended after every other group (surgery adds it)."""
+    observe_lane: bool = False
+    """Each hero also sees its own lane (hero i of a team: lane i mod ``lanes``, where the ``lane`` bot sends it and
+    ``reward_off_lane`` holds it): one-hot, then how far across the map that lane lies from the hero (over
+    ``lane_spacing``, at most ±1.5). Appended after every other group (surgery adds it)."""
     spawn_in_lanes: bool = False
     """Heroes start and respawn at their fountain in front of their own lane (hero i of a team: lane i mod
     ``lanes``, the lanes the ``lane`` bot gives them) instead of together in the middle. Heroes that start alike

@@ -13,7 +13,8 @@ them (within that unit's sight radius). Structures are always known.
 
 Layout of the observation: the hero's own features, the slots' features (feature-major), level, stun and mana
 of the hero slots, the clock; with ``observe_cooldowns``, the attack, nuke, stun and heal cooldowns of the hero
-slots; with ``observe_team``, the hero's own structures and its index in its team last. Option groups are
+slots; with ``observe_team``, the hero's own structures and its index in its team; with ``observe_lane``, its own
+lane last. Option groups are
 appended after everything a run without them sees, so the columns of an older run keep their meaning and
 surgery only adds columns.
 """
@@ -46,6 +47,8 @@ def layout_dims(cfg: MobaConfig, lay: Layout) -> tuple[int, tuple[int, int, int]
         obs_dim += 2 * lay.n * COOLDOWN_FEATURES
     if cfg.observe_team:
         obs_dim += lay.S_side * OWN_STRUCT_FEATURES + lay.n
+    if cfg.observe_lane:
+        obs_dim += lay.lanes + 1
     return obs_dim, (NUM_TYPES, NUM_DIRS, T)
 
 
@@ -86,6 +89,7 @@ class Observer:
         self._tmp = np.zeros((num_games, lay.U, lay.U), np.float32)
         self._sees = np.zeros((num_games, lay.U, lay.U), bool)
         self.team_index = np.eye(n, dtype=np.float32)[np.arange(H) % n]  # [H, n]: which hero of its team
+        self.own_lane = np.eye(lay.lanes, dtype=np.float32)[lay.hero_lane]  # [H, lanes]
         own = lay.ally_structs - H  # [H, S_side]: structures never move, so their positions are fixed per hero
         self.own_struct_xy = (lay.struct_x[own], lay.struct_y[own])
         self.mask = np.zeros((num_games, H, sum(self.heads)), bool)
@@ -232,7 +236,12 @@ class Observer:
                 np.multiply(cooldowns[:, None, :, self.hero_units[side * n]], hv[:, rows], out=block[:, rows])
             base += 2 * n * COOLDOWN_FEATURES
         if cfg.observe_team:
-            self._observe_team(st, sees, obs[:, :, base:])
+            width = lay.S_side * OWN_STRUCT_FEATURES + n
+            self._observe_team(st, sees, obs[:, :, base:base + width])
+            base += width
+        if cfg.observe_lane:
+            obs[:, :, base:base + lay.lanes] = self.own_lane
+            np.clip((lay.own_lane_y - y[:, :H]) / cfg.lane_spacing, -1.5, 1.5, out=obs[:, :, base + lay.lanes])
         return obs, mask.copy(), can_act
 
     def _observe_team(self, st: State, sees: np.ndarray, out: np.ndarray) -> None:
