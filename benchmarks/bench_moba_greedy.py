@@ -88,9 +88,9 @@ def tally_match(env, player, bot, games: int, seed: int) -> tuple[Tally, object]
             g = np.flatnonzero(out[:, h])
             np.add.at(current, (g, index[h], lane[g, h]), 1.0)
         tally.alive_steps += int(alive.sum())
-        early = alive & (st.step_count * cfg.seconds_per_step <= cfg.lane_phase_s)[:, None]
+        early = alive & cfg.in_lane_phase(st.step_count)[:, None]
         tally.early_steps += int(early.sum())
-        tally.early_own_lane += int((early & (lane == lay.hero_lane)).sum())
+        tally.early_own_lane += int((early & ~lay.away_from_own_lane(st.y[:, :H])).sum())
         np.add.at(tally.type_steps, actions[..., 0][alive], 1.0)
 
     def on_episode(ep: EpisodeStats, side_a: int) -> None:

@@ -44,11 +44,11 @@ class LaneBot(ScriptedBot):
 
     def __init__(self, env: MobaVecEnv):
         self.env = env
-        lay, cfg, ob = env.layout, env.cfg, env.observer
+        lay, ob = env.layout, env.observer
         self.sign = lay.side_sign
         # Every hero is given a lane; its wave is the allied creeps of that lane.
         self.hero_lane = lay.hero_lane
-        self.lane_y = cfg.lane_y()[self.hero_lane]
+        self.lane_y = lay.own_lane_y
         creep_lane = lay.lane[lay.creeps]
         creep_team = lay.team[lay.creeps]
         self.own_wave = ((creep_lane[None, :] == self.hero_lane[:, None])

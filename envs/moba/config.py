@@ -249,6 +249,10 @@ class MobaConfig:
     def max_steps(self) -> int:
         return int(round(self.max_seconds / self.seconds_per_step))
 
+    def in_lane_phase(self, step_count: np.ndarray) -> np.ndarray:
+        """Which games ([B] steps played) are still in their first ``lane_phase_s`` seconds."""
+        return step_count * self.seconds_per_step <= self.lane_phase_s
+
     def lane_y(self) -> np.ndarray:
         """Y coordinate of each lane: middle first, then top and bottom."""
         return np.array([0.0, self.lane_spacing, -self.lane_spacing][: self.lanes], dtype=np.float32)

@@ -123,9 +123,9 @@ class MobaVecEnv(VecMultiAgentEnv):
              + cfg.reward_xp * ev.xp)
         st = self.state
         if cfg.reward_off_lane:
-            early = st.step_count * cfg.seconds_per_step <= cfg.lane_phase_s
-            away = np.abs(st.y[:, : self.layout.H] - self.layout.own_lane_y) > cfg.lane_spacing / 2
-            r += cfg.reward_off_lane * cfg.seconds_per_step * (early[:, None] & away & st.alive[:, : self.layout.H])
+            H = self.layout.H
+            charged = cfg.in_lane_phase(st.step_count)[:, None] & self.layout.away_from_own_lane(st.y[:, :H])
+            r += cfg.reward_off_lane * cfg.seconds_per_step * (charged & st.alive[:, :H])
         st.kills += ev.kills
         st.deaths += ev.deaths
         st.last_hits += ev.last_hits

@@ -14,9 +14,8 @@ them (within that unit's sight radius). Structures are always known.
 Layout of the observation: the hero's own features, the slots' features (feature-major), level, stun and mana
 of the hero slots, the clock; with ``observe_cooldowns``, the attack, nuke, stun and heal cooldowns of the hero
 slots; with ``observe_team``, the hero's own structures and its index in its team; with ``observe_lane``, its own
-lane last. Option groups are
-appended after everything a run without them sees, so the columns of an older run keep their meaning and
-surgery only adds columns.
+lane last. Option groups are appended after everything a run without them sees, so the columns of an older run
+keep their meaning and surgery only adds columns.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ class Layout:
     def __init__(self, cfg: MobaConfig):
         n, L, cs = cfg.heroes_per_side, cfg.lanes, cfg.creep_slots
         self.n, self.H, self.lanes = n, 2 * n, L
+        self.lane_spacing = cfg.lane_spacing
         self.S_side = 2 * L + 1
         self.S = 2 * self.S_side
         self.C_side = L * cs
@@ -101,6 +102,10 @@ class Layout:
             [self.H + s * self.S_side + l_ * 2 for s in range(2) for l_ in range(L)], dtype=np.int64)
         self.inner = self.outer_of_inner + 1
         self.ancients = np.array([self.H + self.S_side - 1, self.H + self.S - 1], dtype=np.int64)
+
+    def away_from_own_lane(self, hero_y: np.ndarray) -> np.ndarray:
+        """[B, H]: which heroes (at ``hero_y``) stand nearer another lane than their own."""
+        return np.abs(hero_y - self.own_lane_y) > self.lane_spacing / 2
 
     @staticmethod
     def mirror_x(x_from_own_edge: float, side: int, cfg: MobaConfig) -> float:
