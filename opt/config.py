@@ -64,6 +64,9 @@ class PPOConfig:
     """Entropy bonus at the start of training."""
     entropy_final: float = -1.0
     """Entropy bonus at the end of the run's budget, linearly (negative: entropy_coef throughout)."""
+    entropy_begin: float = 0.0
+    """The share of the run's budget (0 to 1) through which the entropy bonus stays at entropy_coef; it moves
+    linearly to entropy_final over the rest (0.2 of a 5-minute run: unchanged through the first minute)."""
     max_grad_norm: float = 5.0
     """Gradients are clipped to this global norm."""
     adam_beta1: float = 0.9
@@ -102,6 +105,7 @@ class PPOConfig:
         check_positive(e, "ppo.value_coef", self.value_coef, allow_zero=True)
         check_positive(e, "ppo.value_clip", self.value_clip, allow_zero=True)
         check_positive(e, "ppo.entropy_coef", self.entropy_coef, allow_zero=True)
+        check_unit(e, "ppo.entropy_begin", self.entropy_begin)
         check_positive(e, "ppo.max_grad_norm", self.max_grad_norm)
         for key in ("adam_beta1", "adam_beta2"):
             value = getattr(self, key)

@@ -172,7 +172,7 @@ class Learner:
         rate is 0 before update ``ppo.settle_until_update`` (Adam's moments settle, the weights stay)."""
         s = self.ppo
         lr = 0.0 if self.updates < s.settle_until_update else losses.linear_schedule(s.lr, s.lr_final, progress)
-        return lr, losses.linear_schedule(s.entropy_coef, s.entropy_final, progress)
+        return lr, losses.linear_schedule(s.entropy_coef, s.entropy_final, progress, s.entropy_begin)
 
     def stage(self, batch: Batch) -> Staged:
         """The batch on its way to the learner's device (on CUDA: packed into pinned memory, copied on a side

@@ -174,9 +174,10 @@ def _mean_var(x: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, tor
     return n, mean, (s2 / n.clamp(min=1.0) - mean * mean).clamp(min=0.0)
 
 
-def linear_schedule(start: float, end: float, progress: float) -> float:
-    """``start`` moved linearly to ``end`` as ``progress`` goes from 0 to 1 (held after); a negative ``end``
-    means no schedule."""
+def linear_schedule(start: float, end: float, progress: float, begin: float = 0.0) -> float:
+    """``start`` held until ``progress`` reaches ``begin``, then moved linearly to ``end`` as it goes on to 1
+    (held after); a negative ``end`` means no schedule."""
     if end < 0:
         return start
-    return start + min(1.0, max(0.0, progress)) * (end - start)
+    moved = (progress - begin) / (1.0 - begin) if begin < 1.0 else 0.0
+    return start + min(1.0, max(0.0, moved)) * (end - start)

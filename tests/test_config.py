@@ -134,6 +134,7 @@ BAD_VALUES = {
               ("model.encoder_layers=0", "model.encoder_layers")],
     "ppo": [("ppo.lr=-1", "ppo.lr"), ("ppo.lr=nan", "ppo.lr"), ("ppo.clip=0", "ppo.clip"),
             ("ppo.gae_lambda=1.1", "ppo.gae_lambda"), ("ppo.horizon_s=0", "ppo.horizon_s"),
+            ("ppo.entropy_begin=1.5", "ppo.entropy_begin"),
             ("ppo.adam_beta1=1.0", "ppo.adam_beta1"), ("ppo.adam_beta2=-0.1", "ppo.adam_beta2"),
             ("ppo.team_spirit=2", "ppo.team_spirit"), ("ppo.entropy_coef=-0.1", "ppo.entropy_coef"),
             ("ppo.max_grad_norm=0", "ppo.max_grad_norm"), ("ppo.adam_eps=0", "ppo.adam_eps"),

@@ -71,6 +71,8 @@ def test_learning_rate_and_entropy_bonus_follow_the_runs_progress():
         assert stats["entropy_coef"] == pytest.approx(0.02 * (1 - progress))
         steps[progress] = max((p.detach() - b).abs().max().item() for p, b in zip(learner.params, before))
     assert steps[0.5] == pytest.approx(steps[0.0] / 2, rel=0.05) and steps[1.0] == 0.0
+    late = Learner(make_policy(), PPOConfig(entropy_coef=0.0, entropy_final=0.04, entropy_begin=0.5))
+    assert [late.schedule(p)[1] for p in (0.25, 0.5, 0.75)] == pytest.approx([0.0, 0.0, 0.02])
 
 
 def test_settling_updates_move_adams_moments_but_not_the_weights():

@@ -327,3 +327,12 @@ def test_linear_schedule():
     assert losses.linear_schedule(1.0, 0.0, 5.0) == pytest.approx(0.0)  # held at the end
     assert losses.linear_schedule(1e-3, 2e-3, 0.5) == pytest.approx(1.5e-3)  # a warm-up too
     assert losses.linear_schedule(0.01, -1.0, 0.5) == 0.01  # negative end: constant
+
+
+def test_linear_schedule_can_begin_late():
+    """With ``begin`` the start value holds until that share of the budget, then moves over the rest."""
+    assert losses.linear_schedule(0.0, 0.04, 0.1, begin=0.2) == 0.0
+    assert losses.linear_schedule(0.0, 0.04, 0.2, begin=0.2) == 0.0
+    assert losses.linear_schedule(0.0, 0.04, 0.6, begin=0.2) == pytest.approx(0.02)
+    assert losses.linear_schedule(0.0, 0.04, 1.0, begin=0.2) == pytest.approx(0.04)
+    assert losses.linear_schedule(0.0, 0.04, 1.0, begin=1.0) == 0.0  # begins at the end: held throughout
