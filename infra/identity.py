@@ -215,3 +215,12 @@ def detect_identity(use_mpi: bool | None = None) -> Identity:
             if use_mpi is True:
                 raise
     return identity_from_env(env, hostname, _AFTER_MPI) or Identity(0, 1, 0, 1, hostname, "none")
+
+
+def usable_cpus() -> int:
+    """The cores this process may run on: its affinity mask, which taskset, a container's cpuset and Slurm's
+    binding set, rather than the machine's count (macOS has no mask: the machine's count). A CPU quota
+    (``docker --cpus``) is not a mask and is not seen."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1

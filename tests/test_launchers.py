@@ -8,6 +8,9 @@ with the variables that must not be read (SLURM_NTASKS_PER_NODE) included where 
 from __future__ import annotations
 
 import datetime
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -235,3 +238,22 @@ def test_rank_0_hosting_the_store_leaves_only_once_every_rank_read_the_verdict()
     for t in threads:
         t.join(30)
     assert outcomes[0] == outcomes[1] and "would share" in outcomes[0], outcomes
+
+
+def test_a_pinned_run_sizes_itself_by_the_cores_it_may_use(monkeypatch):
+    """A run pinned to 2 of 16 cores (taskset, a container's cpuset, Slurm's binding) starts 1 rollout worker
+    and 1 decode process, not the 15 and 2 that the machine's count gives: 8 such runs on a 16-core box once
+    ran 15 workers each, and learnt a tenth as fast."""
+    from rapid.optimizer.decode_pool import auto_workers
+    from rapid.roles.launcher import default_workers
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {6, 7}, raising=False)
+    assert default_workers() == 1 and auto_workers() == 1
+
+
+def test_usable_cpus_reads_the_affinity_a_launcher_sets():
+    script = "import os; from rapid.infra.identity import usable_cpus; print(usable_cpus(), os.cpu_count())"
+    out = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[0] == "1" and int(out[1]) >= 2, out

@@ -42,6 +42,7 @@ import numpy as np
 
 from rapid.errors import FormatError
 from rapid.formats.experience import Shape, decode_experience
+from rapid.infra.identity import usable_cpus
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,8 @@ class Rejected:
 
 def auto_workers(cpus: int | None = None) -> int:
     """Decode processes when ``optimizer.decode_workers`` is -1: one on a small machine, one per eight
-    cores on a large one (a GPU host's cores mostly decode), at most eight."""
-    cpus = cpus or os.cpu_count() or 1
+    usable cores on a large one (a GPU host's cores mostly decode), at most eight."""
+    cpus = cpus or usable_cpus()
     return max(1, min(8, cpus // 8))
 
 

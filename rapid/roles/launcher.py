@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rapid.errors import FormatError, UsageError
+from rapid.infra.identity import usable_cpus
 from rapid.infra.store import StoreError
 from rapid.monitoring.metrics import LauncherMetrics
 from rapid.roles.startup import StopFlag, check_run_dir, log_to_file, open_run_store, rollout_seed, start_metrics
@@ -126,7 +127,8 @@ class ThreadRole:
 
 
 def default_workers() -> int:
-    return max(1, (os.cpu_count() or 2) - 1)
+    """Rollout workers when run.num_workers is 0: one per core this process may use, less the optimizer's."""
+    return max(1, usable_cpus() - 1)
 
 
 def prepare_run_dir(cfg: Config, resume: bool) -> Path:

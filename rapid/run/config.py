@@ -36,7 +36,8 @@ class RunConfig:
     """`rapid train` stops once the evaluator's win rate against eval.opponent reaches this (0: never);
     rapid-optimizer ignores it: a cluster run stops at run.updates or run.minutes."""
     num_workers: int = 0
-    """Rollout worker processes for `rapid train` (0: one per core left after the optimizer, at least 1)."""
+    """Rollout worker processes for `rapid train` (0: one per core this process may use, as taskset or a
+    container's cpuset leaves it, less the optimizer's; at least 1)."""
 
 
 @dataclass
