@@ -182,8 +182,8 @@ class OptimizerConfig:
     torch_threads: int = 1
     """Torch CPU threads of an optimizer rank."""
     decode_workers: int = -1
-    """Processes that decode and validate experience objects (-1: one per eight cores, 1 to 8; 0: in the
-    loader thread, deterministic, for tests)."""
+    """Processes that decode and validate experience objects (-1: one per eight cores the rank may use, 1 to 8;
+    0: in the loader thread, deterministic, for tests)."""
     collective_timeout_s: float = DEFAULT_TIMEOUT_S
     """Seconds a collective of the optimizer ranks (an all-reduce, a broadcast, their agreement) waits for the
     slowest rank before the job fails (NCCL's watchdog ends it); a rank waits for a batch at most a quarter of
