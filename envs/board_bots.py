@@ -3,7 +3,9 @@
 ``lookahead`` looks one move ahead: it plays a move that wins at once when it has one, else a move that
 blocks an opponent's immediate win (a move with which that opponent would win, were it to move now), else a
 uniformly random legal move. It finds them by playing each legal move on a copy of the game's state, so it
-needs nothing game-specific. It beats a random player in about 19 games of 20 at connect four.
+needs nothing game-specific; connect four, where it is also a training opponent (``league.bots``), has the same
+rules on every game's board at once in numpy, about 30 times faster. It beats a random player in about 19
+games of 20 at connect four.
 
 Usage::
 
@@ -32,12 +34,34 @@ from gymnasium import spaces
 
 from rapid.envs.base import EnvSpec, RandomBot, ScriptedBot, StepResult
 
+_ATOMS = (type(None), bool, int, float, complex, str, bytes)
+
 
 def _is_static(value: Any) -> bool:
     """Spaces never change during a game: copies share them (they are most of a deep copy's cost)."""
     if isinstance(value, spaces.Space):
         return True
     return isinstance(value, dict) and bool(value) and all(isinstance(v, spaces.Space) for v in value.values())
+
+
+def _copy(value: Any, memo: dict[int, Any]) -> Any:
+    """A copy of one attribute of a game's state. The common containers of plain values (a board as a list or
+    an array, rewards and flags by agent) are copied flat, several times faster than ``copy.deepcopy`` (which
+    takes the rest); ``memo`` keeps attributes that share one object sharing its copy."""
+    if isinstance(value, _ATOMS) or _is_static(value):
+        return value
+    if id(value) in memo:
+        return memo[id(value)]
+    if isinstance(value, list) and all(isinstance(v, _ATOMS) for v in value):
+        twin: Any = list(value)
+    elif isinstance(value, dict) and all(isinstance(v, _ATOMS) for v in value.values()):
+        twin = dict(value)
+    elif isinstance(value, np.ndarray) and value.dtype != object:
+        twin = value.copy()
+    else:
+        return copy.deepcopy(value, memo)
+    memo[id(value)] = twin
+    return twin
 
 
 def clone_game(game: Any) -> Any:
@@ -49,7 +73,7 @@ def clone_game(game: Any) -> Any:
     raw = game.unwrapped
     twin = object.__new__(type(raw))
     memo: dict[int, Any] = {}
-    twin.__dict__.update({k: v if _is_static(v) else copy.deepcopy(v, memo) for k, v in raw.__dict__.items()})
+    twin.__dict__.update({k: _copy(v, memo) for k, v in raw.__dict__.items()})
     return twin
 
 
@@ -107,6 +131,39 @@ def lookahead_move(game: Any, agent: str, legal: np.ndarray, rng: np.random.Gene
     return int(rng.choice(legal))
 
 
+def _lines_of_four(rows: int, cols: int) -> np.ndarray:
+    """The flat cell indices of every line of four on a ``rows × cols`` board: [lines, 4]."""
+    cells, steps, lines = np.arange(rows * cols).reshape(rows, cols), np.arange(4), []
+    for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
+        for r in range(rows):
+            for c in range(cols):
+                rr, cc = r + dr * steps, c + dc * steps
+                if rr.min() >= 0 and rr.max() < rows and cc.min() >= 0 and cc.max() < cols:
+                    lines.append(cells[rr, cc])
+    return np.array(lines)
+
+
+C4_ROWS, C4_COLS = 6, 7
+C4_LINES = _lines_of_four(C4_ROWS, C4_COLS)
+
+
+def connect_four_wins(boards: np.ndarray, piece: np.ndarray) -> np.ndarray:
+    """Whether dropping ``piece`` in each column completes a line of four: bool [n, 7] for ``boards`` int [n, 42]
+    (PettingZoo's connect four: row 0 on top, 0 empty, 1 and 2 the players' pieces) and ``piece`` int [n]. A full
+    column never wins."""
+    n = len(boards)
+    landing = (boards.reshape(n, C4_ROWS, C4_COLS) == 0).sum(1) - 1  # [n, 7]: the lowest empty row, -1 if full
+    dropped = np.repeat(boards[:, None, :], C4_COLS, axis=1)  # [n, 7, 42]: the board after each column's drop
+    games, open_cols = np.nonzero(landing >= 0)
+    dropped[games, open_cols, landing[games, open_cols] * C4_COLS + open_cols] = piece[games]
+    lines = dropped[:, :, C4_LINES] == piece[:, None, None, None]  # [n, 7, lines, 4]
+    return lines.all(-1).any(-1) & (landing >= 0)
+
+
+def _is_connect_four(game: Any) -> bool:
+    return type(game.unwrapped).__module__.endswith("connect_four.connect_four")
+
+
 class LookaheadBot(ScriptedBot):
     """One-step lookahead on the games of a PettingZoo vector env (see the module docstring)."""
 
@@ -118,12 +175,32 @@ class LookaheadBot(ScriptedBot):
         self.games, self.spec = games, spec
         self.rng = np.random.default_rng(seed)
         self.fallback = RandomBot(spec, seed + 1)
+        self.connect_four = bool(games) and all(_is_connect_four(g) for g in games)
 
     def act(self, step: StepResult) -> np.ndarray:
         out = self.fallback.act(step)
+        if self.connect_four:
+            return self._act_connect_four(step, out)
         names = self.spec.agent_names
         for b, game in enumerate(self.games):
             for i in np.flatnonzero(step.active[b]):
                 legal = np.flatnonzero(step.action_mask[b, i])
                 out[b, i, 0] = lookahead_move(game.unwrapped, names[i], legal, self.rng)
+        return out
+
+    def _act_connect_four(self, step: StepResult, out: np.ndarray) -> np.ndarray:
+        """The rules above, every active game's board at once."""
+        rows = np.argwhere(step.active)
+        if not len(rows):
+            return out
+        names = self.spec.agent_names
+        boards = np.array([self.games[b].unwrapped.board for b, _ in rows])
+        own = np.array([self.games[b].unwrapped.agents.index(names[i]) + 1 for b, i in rows])
+        wins, blocks = connect_four_wins(boards, own), connect_four_wins(boards, 3 - own)
+        for k, (b, i) in enumerate(rows):
+            legal = step.action_mask[b, i, :C4_COLS].astype(bool)
+            for moves in (wins[k] & legal, blocks[k] & legal, legal):
+                if moves.any():
+                    out[b, i, 0] = int(self.rng.choice(np.flatnonzero(moves)))
+                    break
         return out

@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 from pettingzoo.classic import connect_four_v3
 
-from rapid.envs.board_bots import LookaheadBot, clone_game, lookahead_move
+from rapid.envs.board_bots import (
+    LookaheadBot,
+    blocking_moves,
+    clone_game,
+    connect_four_wins,
+    lookahead_move,
+    winning_moves,
+)
 from rapid.envs.registry import make_env
 from rapid.opt.model import Policy
 from rapid.run.config import Config
@@ -43,13 +50,51 @@ def test_clone_leaves_the_game_untouched():
     twin.step(4)
     assert list(game.board) == board and game.agent_selection == "player_0"
     assert list(twin.board) != board
+    # A win in the copy leaves the original's flags and rewards as they were.
+    game = position([0, 1, 0, 1, 0, 2])
+    twin = clone_game(game)
+    twin.step(0)
+    assert twin.terminations["player_0"] and twin.rewards["player_0"] == 1
+    assert not any(game.terminations.values()) and game.rewards == {"player_0": 0, "player_1": 0}
+    assert game.agent_selection == "player_0" and twin._agent_selector is not game._agent_selector
+
+
+def test_clone_keeps_shared_state_shared():
+    """Two attributes holding one object hold one copy of it, as a deep copy would keep them."""
+    game = position([3])
+    game.spare = game.board
+    game.nested = {"cells": [[0], [1]]}
+    twin = clone_game(game)
+    assert twin.spare is twin.board and twin.board is not game.board
+    twin.nested["cells"][0].append(5)
+    assert game.nested == {"cells": [[0], [1]]}
+
+
+def test_connect_four_rules_in_numpy_find_what_the_copies_find():
+    """The vectorized connect four path against the generic one (a copy of the game per move), on every position
+    of 60 random games: the same winning and blocking moves."""
+    rng, positions, threats = np.random.default_rng(0), 0, 0
+    for seed in range(60):
+        game = connect_four_v3.env()
+        game.reset(seed=seed)
+        raw = game.unwrapped
+        while not any(raw.terminations.values()):
+            agent, legal = raw.agent_selection, np.flatnonzero(np.asarray(raw.board[:7]) == 0)
+            own = np.array([raw.agents.index(agent) + 1])
+            wins = np.flatnonzero(connect_four_wins(np.array([raw.board]), own)[0]).tolist()
+            blocks = np.flatnonzero(connect_four_wins(np.array([raw.board]), 3 - own)[0]).tolist()
+            assert wins == winning_moves(raw, agent, legal), raw.board
+            assert blocks == blocking_moves(raw, agent, legal), raw.board
+            positions, threats = positions + 1, threats + bool(wins or blocks)
+            game.step(int(rng.choice(legal)))
+    assert positions > 1000 and threats > 300, (positions, threats)
 
 
 def test_registered_for_board_games_and_beats_random():
     env = make_env(C4, num_games=100, seed=0)
     assert env.bot_names() == ("random", "lookahead")
     bot = make_player("bot:lookahead", Config(), env, params=None, seed=1)
-    assert isinstance(bot, LookaheadBot)
+    assert isinstance(bot, LookaheadBot) and bot.connect_four
     result = play_match(env, bot, env.make_bot("random", seed=2), games=200, seed=0)
     assert result.win_rate >= 0.9, result.line("lookahead", "random")
     assert "lookahead" not in make_env("tests.pz_tiny_parallel", num_games=1).bot_names()
