@@ -319,13 +319,14 @@ class PettingZooVecEnv(VecMultiAgentEnv):
                           episodes=episodes, final_obs=final_obs)
 
     def bot_names(self) -> tuple[str, ...]:
-        """``random`` for every game; ``lookahead`` too for turn-based games with one discrete action."""
+        """``random`` for every game; ``lookahead`` and ``lookahead2`` too for turn-based games with one discrete
+        action."""
         board = not self.parallel and len(self.spec.action_heads) == 1
-        return ("random", "lookahead") if board else ("random",)
+        return ("random", "lookahead", "lookahead2") if board else ("random",)
 
     def make_bot(self, name: str, seed: int = 0) -> ScriptedBot:
-        if name == "lookahead" and name in self.bot_names():
-            return LookaheadBot(self.games, self.spec, seed)
+        if name in ("lookahead", "lookahead2") and name in self.bot_names():
+            return LookaheadBot(self.games, self.spec, seed, depth=1 if name == "lookahead" else 2)
         return generic_bot(name, self.spec, seed)
 
     def close(self) -> None:
