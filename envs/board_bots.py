@@ -4,10 +4,10 @@
 blocks an opponent's immediate win (a move with which that opponent would win, were it to move now), else a
 uniformly random legal move. ``lookahead2`` also looks at the reply: with nothing to win or block it avoids the
 moves after which the opponent could win at once (playing under the cell it needs, at connect four), if it has
-any other. They find them by playing each legal move on a copy of the game's state, so it
-needs nothing game-specific; connect four, where it is also a training opponent (``league.bots``), has the same
-rules on every game's board at once in numpy, about 30 times faster. It beats a random player in about 19
-games of 20 at connect four.
+any other. They find them by playing each legal move on a copy of the game's state, so they
+need nothing game-specific; connect four, where ``lookahead`` is also a training opponent (``league.bots``), has
+the same rules on every game's board at once in numpy (a step of 32 games, the env's own included, about 13 times
+faster; BENCHMARKS.md). ``lookahead`` beats a random player in about 19 games of 20 at connect four.
 
 Usage::
 
@@ -117,10 +117,7 @@ def blocking_moves(game: Any, agent: str, legal: np.ndarray) -> list[int]:
     for other in game.agents:
         if other == agent or game.terminations.get(other) or game.truncations.get(other):
             continue
-        view = clone_game(game)
-        _select(view, other)
-        theirs = _legal(view, other)
-        candidates = legal if theirs is None else [m for m in theirs if int(m) in own]
+        candidates = [m for m in _legal_of(game, other, legal) if int(m) in own]
         blocks.update(int(m) for m in candidates if wins_at_once(game, other, m))
     return sorted(blocks)
 
@@ -172,6 +169,9 @@ def _lines_of_four(rows: int, cols: int) -> np.ndarray:
     return np.array(lines)
 
 
+LOOKAHEAD_DEPTHS = {"lookahead": 1, "lookahead2": 2}
+"""The lookahead bots by name, and how many moves each looks ahead."""
+
 C4_ROWS, C4_COLS = 6, 7
 C4_LINES = _lines_of_four(C4_ROWS, C4_COLS)
 
@@ -188,12 +188,15 @@ def connect_four_drops(boards: np.ndarray, piece: np.ndarray) -> tuple[np.ndarra
     return dropped, landing >= 0
 
 
+def _completes_line(dropped: np.ndarray, room: np.ndarray, piece: np.ndarray) -> np.ndarray:
+    lines = dropped[:, :, C4_LINES] == piece[:, None, None, None]  # [n, 7, lines, 4]
+    return lines.all(-1).any(-1) & room
+
+
 def connect_four_wins(boards: np.ndarray, piece: np.ndarray) -> np.ndarray:
     """Whether dropping ``piece`` in each column completes a line of four: bool [n, 7] (``connect_four_drops``'s
     arguments). A full column never wins."""
-    dropped, room = connect_four_drops(boards, piece)
-    lines = dropped[:, :, C4_LINES] == piece[:, None, None, None]  # [n, 7, lines, 4]
-    return lines.all(-1).any(-1) & room
+    return _completes_line(*connect_four_drops(boards, piece), piece)
 
 
 def connect_four_safe(boards: np.ndarray, piece: np.ndarray) -> np.ndarray:
@@ -202,7 +205,7 @@ def connect_four_safe(boards: np.ndarray, piece: np.ndarray) -> np.ndarray:
     n = len(boards)
     dropped, room = connect_four_drops(boards, piece)
     replies = connect_four_wins(dropped.reshape(n * C4_COLS, -1), np.repeat(3 - piece, C4_COLS))
-    return (~replies.reshape(n, C4_COLS, C4_COLS).any(-1) | connect_four_wins(boards, piece)) & room
+    return (~replies.reshape(n, C4_COLS, C4_COLS).any(-1) | _completes_line(dropped, room, piece)) & room
 
 
 def _is_connect_four(game: Any) -> bool:
@@ -212,11 +215,11 @@ def _is_connect_four(game: Any) -> bool:
 class LookaheadBot(ScriptedBot):
     """One- or two-step lookahead on the games of a PettingZoo vector env (see the module docstring)."""
 
-    def __init__(self, games: Sequence[Any], spec: EnvSpec, seed: int = 0, depth: int = 1):
+    def __init__(self, games: Sequence[Any], spec: EnvSpec, seed: int = 0, name: str = "lookahead"):
         if len(spec.action_heads) != 1:
             raise ValueError("the lookahead bot plays games with one discrete action")
-        self.name = "lookahead" if depth == 1 else f"lookahead{depth}"
-        self.games, self.spec, self.depth = games, spec, depth
+        self.name, self.depth = name, LOOKAHEAD_DEPTHS[name]
+        self.games, self.spec = games, spec
         self.rng = np.random.default_rng(seed)
         self.fallback = RandomBot(spec, seed + 1)
         self.connect_four = bool(games) and all(_is_connect_four(g) for g in games)

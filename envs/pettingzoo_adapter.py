@@ -34,7 +34,7 @@ from rapid.envs.base import (
     head_offsets,
     winner_from_returns,
 )
-from rapid.envs.board_bots import LookaheadBot
+from rapid.envs.board_bots import LOOKAHEAD_DEPTHS, LookaheadBot
 
 
 def load_pettingzoo_module(path: str):
@@ -322,11 +322,11 @@ class PettingZooVecEnv(VecMultiAgentEnv):
         """``random`` for every game; ``lookahead`` and ``lookahead2`` too for turn-based games with one discrete
         action."""
         board = not self.parallel and len(self.spec.action_heads) == 1
-        return ("random", "lookahead", "lookahead2") if board else ("random",)
+        return ("random", *LOOKAHEAD_DEPTHS) if board else ("random",)
 
     def make_bot(self, name: str, seed: int = 0) -> ScriptedBot:
-        if name in ("lookahead", "lookahead2") and name in self.bot_names():
-            return LookaheadBot(self.games, self.spec, seed, depth=1 if name == "lookahead" else 2)
+        if name in LOOKAHEAD_DEPTHS and name in self.bot_names():
+            return LookaheadBot(self.games, self.spec, seed, name)
         return generic_bot(name, self.spec, seed)
 
     def close(self) -> None:

@@ -47,3 +47,14 @@ def test_runs_of_two_games_and_a_missing_run_are_one_line_and_exit_2(runs, tmp_p
         out = bench(*args, "--games", "4")
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
         assert out.stderr.count("\n") == 1, out.stderr
+
+
+def test_a_side_may_be_a_bot_and_two_bots_need_the_game(runs):
+    a, _, _ = runs
+    out = bench(str(a), "bot:lookahead", "--games", "20")
+    assert out.returncode == 0 and f"{a} v1 (sampled) vs bot:lookahead" in out.stdout, out.stderr
+    out = bench("bot:lookahead2", "bot:lookahead", "--games", "20", "--env", "pettingzoo.classic.connect_four_v3")
+    assert out.returncode == 0 and "bot:lookahead2 vs bot:lookahead" in out.stdout, out.stderr
+    for args in (["bot:lookahead2", "bot:lookahead"], [str(a), "bot:nosuch"]):
+        out = bench(*args, "--games", "4")
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
