@@ -54,6 +54,14 @@ class PPOConfig:
     vtrace_c_bar: float = 1.0
     """V-trace's c̄: the traces that carry later steps' corrections back are capped at c̄ (how far stale
     experience reaches; 1 is IMPALA's)."""
+    proximal_every: int = 0
+    """0: PPO's ratio is clipped against the log-probs of the policy that played (the behaviour policy). N > 0:
+    against the learner's own policy as it was at most N updates ago, the proximal policy, refreshed every N
+    updates (decoupled PPO, Hilton et al. 2021), each sample weighted by π_prox/π_behav capped at
+    proximal_rho_bar. Experience that arrives many updates late still trains, where the clip against the
+    behaviour would ignore most of it; it costs one more forward pass per update."""
+    proximal_rho_bar: float = 1.0
+    """Cap of the proximal policy's importance weights π_prox/π_behav (proximal_every > 0)."""
     horizon_s: float = 100.0
     """Reward horizon in game seconds; gamma = 1 - seconds_per_step / horizon_s."""
     value_coef: float = 0.5
@@ -101,6 +109,8 @@ class PPOConfig:
             e.append(f"ppo.off_policy must be 'none' or 'vtrace' (got {self.off_policy!r})")
         check_positive(e, "ppo.vtrace_rho_bar", self.vtrace_rho_bar)
         check_positive(e, "ppo.vtrace_c_bar", self.vtrace_c_bar)
+        check_positive(e, "ppo.proximal_every", self.proximal_every, allow_zero=True)
+        check_positive(e, "ppo.proximal_rho_bar", self.proximal_rho_bar)
         check_positive(e, "ppo.horizon_s", self.horizon_s)
         check_positive(e, "ppo.value_coef", self.value_coef, allow_zero=True)
         check_positive(e, "ppo.value_clip", self.value_clip, allow_zero=True)

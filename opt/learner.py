@@ -57,6 +57,7 @@ on-policy, ratio 1, so it cuts no trace.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -159,6 +160,11 @@ class Learner:
         self.vtrace = ppo.off_policy == "vtrace"
         self.pipeline = Pipeline(self.device, stages_ahead(self.device) if staging is None else staging, copier,
                                  whole=WHOLE + VTRACE if self.vtrace else WHOLE)
+        self.proximal = copy.deepcopy(self.policy).requires_grad_(False) if ppo.proximal_every > 0 else None
+        """The proximal policy PPO's ratio is clipped against (``ppo.proximal_every``), or None: the behaviour's.
+        It becomes a copy of the policy at this learner's first update (after any checkpoint has loaded), then
+        every ``proximal_every`` updates; every rank counts the same updates, so every rank holds the same."""
+        self._proximal_due: int | None = None
         self.updates = 0
         self.skipped = 0
         self._draw: Callable[[], Batch | None] | None = None
@@ -196,6 +202,9 @@ class Learner:
             staged = self.stage(batch)
         self._ahead = None
         lr, ent_coef = self.schedule(progress)
+        if self.proximal is not None and (self._proximal_due is None or self.updates >= self._proximal_due):
+            self.proximal.load_state_dict(self.policy.state_dict())
+            self._proximal_due = self.updates + self.ppo.proximal_every
         queued = self._queue(staged, lr, ent_coef)
         draw, self._draw = self._draw, None
         if draw is not None:  # the host draws and packs the next batch while the device trains this one
@@ -288,7 +297,13 @@ class Learner:
                 logp, entropy, value = policy.evaluate(b["obs"], b["mask"], b["actions"], b["h0"], b["c0"],
                                                        b["first"], runs)
             wa = active[part]
-            pg, kl = losses.ppo_policy_loss(logp, b["logp"], adv[part], s.clip, wa, total)
+            reference, importance = b["logp"], None
+            if self.proximal is not None:
+                with torch.no_grad(), autocast:
+                    reference = self.proximal.evaluate(b["obs"], b["mask"], b["actions"], b["h0"], b["c0"],
+                                                       b["first"], runs)[0]
+                importance = losses.proximal_weights(reference, b["logp"], s.proximal_rho_bar)
+            pg, kl = losses.ppo_policy_loss(logp, reference, adv[part], s.clip, wa, total, importance)
             vl = losses.value_loss(value, returns[part] / scale, own[part], own_total,
                                    old=b["values"] / scale, clip=s.value_clip)
             ent = losses.masked_mean(entropy, wa, total)

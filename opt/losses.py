@@ -108,19 +108,29 @@ def normalize_advantages(adv: torch.Tensor, weights: torch.Tensor, sums: torch.T
 
 
 def ppo_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip: float,
-                    weights: torch.Tensor, total: torch.Tensor | float | None = None
-                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped surrogate loss (to minimize) and diagnostics: approximate KL and clip fraction.
+                    weights: torch.Tensor, total: torch.Tensor | float | None = None,
+                    importance: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate loss (to minimize) and diagnostics: approximate KL and clip fraction, of ``logp``
+    against ``old_logp``. ``importance`` (decoupled PPO, :func:`proximal_weights`) weighs each step's surrogate,
+    not the diagnostics.
 
     ``total``: see :func:`masked_mean`."""
     log_ratio = logp - old_logp
     ratio = log_ratio.exp()
     surrogate = torch.min(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv)
-    loss = -masked_mean(surrogate, weights, total)
+    loss = -masked_mean(surrogate if importance is None else surrogate * importance, weights, total)
     with torch.no_grad():
         approx_kl = masked_mean((ratio - 1.0) - log_ratio, weights, total)  # the low-variance k3 estimator
         clip_fraction = masked_mean(((ratio - 1.0).abs() > clip).to(logp.dtype), weights, total)
     return loss, {"approx_kl": approx_kl, "clip_fraction": clip_fraction}
+
+
+def proximal_weights(proximal_logp: torch.Tensor, behaviour_logp: torch.Tensor, rho_bar: float) -> torch.Tensor:
+    """Decoupled PPO's importance weights (Hilton et al. 2021, "Batch size-invariance for policy optimization"):
+    π_prox/π_behav of each taken action, capped at ``rho_bar`` as V-trace caps its ρ. Weighing the surrogate
+    clipped against the proximal policy by them makes it an estimate under the proximal policy, whatever policy
+    played. No gradient flows through them."""
+    return (proximal_logp - behaviour_logp).detach().exp().clamp(max=rho_bar)
 
 
 def value_loss(pred: torch.Tensor, target: torch.Tensor, weights: torch.Tensor,
