@@ -69,12 +69,19 @@ def per_sample_cap(max_reuse: float) -> float:
 
 
 class ExperienceBuffer:
-    def __init__(self, capacity: int, max_staleness: int):
+    """``keep_reference``: every sample also holds ``reference_logp`` (NaN until :meth:`remember` sets it: the
+    learner's log-probs at the sample's first use, ``ppo.proximal = "first_use"``), and a drawn batch carries
+    ``slot`` and ``generation``, which :meth:`remember` takes back."""
+
+    def __init__(self, capacity: int, max_staleness: int, keep_reference: bool = False):
         self.capacity = capacity
         self.max_staleness = max_staleness
+        self.keep_reference = keep_reference
         self._arrays: dict[str, np.ndarray] | None = None
         self._valid = np.zeros(capacity, dtype=bool)
         self._uses = np.zeros(capacity, dtype=np.int64)
+        self._generation = np.zeros(capacity, dtype=np.int64)
+        """How many times each slot has been written: a reference comes back only to the sample it was for."""
         self._next = 0
         self._stats = BufferStats()
         self._lock = threading.Lock()
@@ -85,10 +92,13 @@ class ExperienceBuffer:
         if n > self.capacity:  # keep the newest part of an oversized batch
             arrays = {k: v[-self.capacity:] for k, v in arrays.items()}
             n = self.capacity
+        if self.keep_reference:
+            arrays = {**arrays, "reference_logp": np.full(arrays["logp"].shape, np.nan, np.float32)}
         with self._lock:
             if self._arrays is None:
                 self._arrays = {k: np.zeros((self.capacity, *v.shape[1:]), v.dtype) for k, v in arrays.items()}
             idx = (self._next + np.arange(n)) % self.capacity
+            self._generation[idx] += 1
             self._stats.evicted_unused += int((self._valid[idx] & (self._uses[idx] == 0)).sum())
             for key, value in arrays.items():
                 self._arrays[key][idx] = value
@@ -126,7 +136,20 @@ class ExperienceBuffer:
             self._uses[chosen] += 1
             self._stats.consumed += batch
             out = {k: v[chosen].copy() for k, v in arrays.items()}
+            if self.keep_reference:
+                out["slot"], out["generation"] = chosen, self._generation[chosen].copy()
         return out, current_version - out["version"]
+
+    def remember(self, batch: dict[str, np.ndarray], reference_logp: np.ndarray | None) -> None:
+        """Keep the learner's ``reference_logp`` [S, T] for the samples of ``batch`` (drawn by :meth:`sample`)
+        that have none yet and still sit in their slots. Nothing without ``keep_reference`` or references."""
+        if not self.keep_reference or reference_logp is None:
+            return
+        with self._lock:
+            here = self._generation[batch["slot"]] == batch["generation"]
+            slots = batch["slot"][here]
+            kept = self._arrays["reference_logp"]
+            kept[slots] = np.where(np.isnan(kept[slots]), reference_logp[here], kept[slots])
 
     def _ready(self, batch: int, current_version: int, max_reuse: float, cap: float) -> bool:
         self._drop_stale(current_version)

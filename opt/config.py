@@ -26,6 +26,7 @@ def check_unit(errors: list[str], where: str, value) -> None:
 
 
 OFF_POLICY = ("none", "vtrace")
+PROXIMAL = ("behaviour", "first_use")
 
 
 @dataclass
@@ -54,14 +55,14 @@ class PPOConfig:
     vtrace_c_bar: float = 1.0
     """V-trace's c̄: the traces that carry later steps' corrections back are capped at c̄ (how far stale
     experience reaches; 1 is IMPALA's)."""
-    proximal_every: int = 0
-    """0: PPO's ratio is clipped against the log-probs of the policy that played (the behaviour policy). N > 0:
-    against the learner's own policy as it was at most N updates ago, the proximal policy, refreshed every N
-    updates (decoupled PPO, Hilton et al. 2021), each sample weighted by π_prox/π_behav capped at
-    proximal_rho_bar. Experience that arrives many updates late still trains, where the clip against the
-    behaviour would ignore most of it; it costs one more forward pass per update."""
+    proximal: str = "behaviour"
+    """What PPO's ratio is clipped against. "behaviour": the log-probs of the policy that played. "first_use":
+    the learner's own log-probs the first time it trained on the sample (decoupled PPO, Hilton et al. 2021),
+    each step weighted by π_first/π_behav capped at proximal_rho_bar; a sample that arrives many updates late
+    still trains on its first use, where the clip against the behaviour would ignore much of it, and its reuses
+    stay within the clip of that first use (as PPO's epochs do). No extra forward pass."""
     proximal_rho_bar: float = 1.0
-    """Cap of the proximal policy's importance weights π_prox/π_behav (proximal_every > 0)."""
+    """Cap of the importance weights π_first/π_behav (proximal = "first_use")."""
     horizon_s: float = 100.0
     """Reward horizon in game seconds; gamma = 1 - seconds_per_step / horizon_s."""
     value_coef: float = 0.5
@@ -109,7 +110,8 @@ class PPOConfig:
             e.append(f"ppo.off_policy must be 'none' or 'vtrace' (got {self.off_policy!r})")
         check_positive(e, "ppo.vtrace_rho_bar", self.vtrace_rho_bar)
         check_positive(e, "ppo.vtrace_c_bar", self.vtrace_c_bar)
-        check_positive(e, "ppo.proximal_every", self.proximal_every, allow_zero=True)
+        if self.proximal not in PROXIMAL:
+            e.append(f"ppo.proximal must be 'behaviour' or 'first_use' (got {self.proximal!r})")
         check_positive(e, "ppo.proximal_rho_bar", self.proximal_rho_bar)
         check_positive(e, "ppo.horizon_s", self.horizon_s)
         check_positive(e, "ppo.value_coef", self.value_coef, allow_zero=True)

@@ -53,21 +53,29 @@ first (the bound on the chunks held on the device stays). Two approximations: a 
 behaviour's value of the decision after it, as the worker stored it (the sample does not hold the next
 observation); and an inactive step (a dead or stunned agent, whose action the game ignores) counts as
 on-policy, ratio 1, so it cuts no trace.
+
+With ``ppo.proximal = "first_use"`` (decoupled PPO, Hilton et al. 2021) PPO's ratio is clipped against the
+learner's own log-probs of the sample's first use, not against the policy that played: a sample that arrives
+many updates late would otherwise sit outside the clip and train nothing. The batch carries them
+(``reference_logp``, NaN where the sample is new, :class:`rapid.opt.buffer.ExperienceBuffer` keeps them); a new
+sample's reference is this update's own log-probs (ratio 1), and :attr:`Learner.reference_logp` hands them back
+for the buffer to keep. Each step's surrogate is weighed by π_first/π_behav, capped at ``ppo.proximal_rho_bar``
+(:func:`rapid.opt.losses.proximal_weights`). No extra forward pass.
 """
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from rapid.opt import losses
 from rapid.opt.config import PPOConfig
 from rapid.opt.model import Policy
-from rapid.opt.pipeline import VTRACE, WHOLE, Batch, Copier, PhaseClock, Pipeline, Staged, copy_async, stages_ahead
+from rapid.opt.pipeline import FIRST_USE, VTRACE, WHOLE, Batch, Copier, PhaseClock, Pipeline, Staged, copy_async, stages_ahead
 
 DIAGNOSTICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
 
@@ -130,6 +138,8 @@ class _Queued:
     spans: dict[str, list[tuple[int, int]]]
     step_from: int
     """The mark the step phase (gradient norm, checks, the read, Adam) starts at."""
+    reference: torch.Tensor | None
+    """The batch's reference log-probs (``ppo.proximal = "first_use"``), read after the figures."""
 
 
 class Learner:
@@ -158,13 +168,12 @@ class Learner:
         self.adam = torch.optim.Adam(self.params, lr=ppo.lr, betas=(ppo.adam_beta1, ppo.adam_beta2), eps=ppo.adam_eps,
                                      fused=fused_adam(self.device))
         self.vtrace = ppo.off_policy == "vtrace"
+        self.first_use = ppo.proximal == "first_use"
+        self.reference_logp: np.ndarray | None = None
+        """With ``ppo.proximal = "first_use"``: the reference log-probs of the last update's batch [S, T], the
+        first use's for every sample now, for the buffer to keep."""
         self.pipeline = Pipeline(self.device, stages_ahead(self.device) if staging is None else staging, copier,
-                                 whole=WHOLE + VTRACE if self.vtrace else WHOLE)
-        self.proximal = copy.deepcopy(self.policy).requires_grad_(False) if ppo.proximal_every > 0 else None
-        """The proximal policy PPO's ratio is clipped against (``ppo.proximal_every``), or None: the behaviour's.
-        It becomes a copy of the policy at this learner's first update (after any checkpoint has loaded), then
-        every ``proximal_every`` updates; every rank counts the same updates, so every rank holds the same."""
-        self._proximal_due: int | None = None
+                                 whole=WHOLE + (VTRACE if self.vtrace else ()) + (FIRST_USE if self.first_use else ()))
         self.updates = 0
         self.skipped = 0
         self._draw: Callable[[], Batch | None] | None = None
@@ -183,6 +192,10 @@ class Learner:
     def stage(self, batch: Batch) -> Staged:
         """The batch on its way to the learner's device (on CUDA: packed into pinned memory, copied on a side
         stream; :mod:`rapid.opt.pipeline`). ``update`` takes the result as it takes numpy arrays."""
+        if self.first_use and "reference_logp" not in batch:  # a batch from no buffer: every sample is new
+            logp = batch["logp"]
+            nan = torch.full_like(logp, float("nan")) if torch.is_tensor(logp) else np.full_like(logp, np.nan)
+            batch = {**batch, "reference_logp": nan}
         return self.pipeline.stage(batch, self.microbatch_samples)
 
     def prefetch(self, draw: Callable[[], Batch | None]) -> None:
@@ -202,9 +215,6 @@ class Learner:
             staged = self.stage(batch)
         self._ahead = None
         lr, ent_coef = self.schedule(progress)
-        if self.proximal is not None and (self._proximal_due is None or self.updates >= self._proximal_due):
-            self.proximal.load_state_dict(self.policy.state_dict())
-            self._proximal_due = self.updates + self.ppo.proximal_every
         queued = self._queue(staged, lr, ent_coef)
         draw, self._draw = self._draw, None
         if draw is not None:  # the host draws and packs the next batch while the device trains this one
@@ -213,6 +223,8 @@ class Learner:
         # The update's one wait for the device: the decision and every figure in one read.
         figures = queued.figures.tolist()
         finite = figures[0] == 1.0
+        # The device has finished the references: the read above waited for every kernel.
+        self.reference_logp = queued.reference.cpu().numpy() if queued.reference is not None and finite else None
         if finite:
             self.adam.step()
             self._move_normalizers(queued.new_norm, queued.new_scale)
@@ -286,7 +298,7 @@ class Learner:
         self.adam.zero_grad(set_to_none=True)
         diag = torch.zeros(len(DIAGNOSTICS), device=self.device)
         obs_sums = torch.zeros(3, norm.mean.numel(), dtype=torch.float64, device=self.device)
-        values = []
+        values, references = [], []
         clock = PhaseClock(self.device)
         spans: dict[str, list[tuple[int, int]]] = {name: [] for name in PHASES}
         for j in range(staged.chunks):
@@ -298,11 +310,11 @@ class Learner:
                                                        b["first"], runs)
             wa = active[part]
             reference, importance = b["logp"], None
-            if self.proximal is not None:
-                with torch.no_grad(), autocast:
-                    reference = self.proximal.evaluate(b["obs"], b["mask"], b["actions"], b["h0"], b["c0"],
-                                                       b["first"], runs)[0]
+            if self.first_use:
+                stored = w["reference_logp"][part]
+                reference = torch.where(stored.isnan(), logp.detach().float(), stored)
                 importance = losses.proximal_weights(reference, b["logp"], s.proximal_rho_bar)
+                references.append(reference)
             pg, kl = losses.ppo_policy_loss(logp, reference, adv[part], s.clip, wa, total, importance)
             vl = losses.value_loss(value, returns[part] / scale, own[part], own_total,
                                    old=b["values"] / scale, clip=s.value_clip)
@@ -337,7 +349,8 @@ class Learner:
                               new_norm[2].float().isfinite().all(), new_scale.float().isfinite()]).all()
         ev = losses.explained_variance(torch.cat(values) * scale, returns, own)
         figures = torch.cat([checks.float().reshape(1), diag, grad_norm.reshape(1).float(), ev.reshape(1).float()])
-        return _Queued(figures, new_norm, new_scale, clock, spans, step_from=tb)
+        return _Queued(figures, new_norm, new_scale, clock, spans, step_from=tb,
+                       reference=torch.cat(references) if references else None)
 
     @torch.no_grad()
     def _move_normalizers(self, new_norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor],

@@ -34,6 +34,7 @@ from rapid.opt.model import ResetFreeRuns, RunSplit
 
 WHOLE = ("advantages", "returns", "active", "own")  # needed whole before the losses: [S, T] each
 VTRACE = ("rewards", "discounts", "bootstrap")  # whole too, where the learner computes V-trace: [S, T], [S]
+FIRST_USE = ("reference_logp",)  # whole too, where PPO's ratio is clipped against a sample's first use: [S, T]
 CHUNKED = ("obs", "mask", "actions", "logp", "values", "first", "h0", "c0")  # one microbatch at a time
 STAGED = WHOLE + CHUNKED  # what an update without V-trace stages
 RUNS = ("gather", "scatter", "row", "carry")

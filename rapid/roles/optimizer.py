@@ -107,7 +107,8 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
     metrics.param_version(version)
 
     shape = Shape.of(spec, bptt=cfg.rollout.bptt, lstm=cfg.model.lstm)
-    buffer = ExperienceBuffer(cfg.optimizer.buffer_samples, cfg.optimizer.max_staleness)
+    buffer = ExperienceBuffer(cfg.optimizer.buffer_samples, cfg.optimizer.max_staleness,
+                              keep_reference=cfg.ppo.proximal == "first_use")
     o = cfg.optimizer
     loader = ExperienceLoader(store, shape, buffer, rank.rank, rank.size, read_layout(store) or 1, o.poll_s,
                               cfg.store.retention_s, on_bad=lambda key, why: metrics.bad_object(_reason(why)),

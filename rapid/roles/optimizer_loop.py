@@ -189,6 +189,7 @@ class OptimizerLoop:
                     return self.exit_code
                 continue
             self.failed_in_row = 0
+            p.buffer.remember(arrays, p.learner.reference_logp)  # ppo.proximal = "first_use"
             busy_s = self.clock.monotonic() - t_update
             if stats["skipped"]:
                 p.report.skipped_nonfinite(p.learner.skipped)

@@ -28,6 +28,8 @@ class LearnerPart(Protocol):
     """Updates applied (the same count on every rank)."""
     skipped: int
     """Updates skipped for non-finite losses or gradients."""
+    reference_logp: np.ndarray | None
+    """The last update's reference log-probs for the buffer to keep (``ppo.proximal = "first_use"``), or None."""
 
     def update(self, batch: dict[str, np.ndarray], progress: float) -> dict[str, float]:
         """One update on ``batch``; ``progress`` (0 to 1 of the run's budget) drives the schedules. The stats
