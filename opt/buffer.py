@@ -143,7 +143,7 @@ class ExperienceBuffer:
     def remember(self, batch: dict[str, np.ndarray], reference_logp: np.ndarray | None) -> None:
         """Keep the learner's ``reference_logp`` [S, T] for the samples of ``batch`` (drawn by :meth:`sample`)
         that have none yet and still sit in their slots. Nothing without ``keep_reference`` or references."""
-        if not self.keep_reference or reference_logp is None:
+        if not self.keep_reference or reference_logp is None or self._arrays is None:
             return
         with self._lock:
             here = self._generation[batch["slot"]] == batch["generation"]

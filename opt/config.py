@@ -60,7 +60,11 @@ class PPOConfig:
     the learner's own log-probs the first time it trained on the sample (decoupled PPO, Hilton et al. 2021),
     each step weighted by π_first/π_behav capped at proximal_rho_bar; a sample that arrives many updates late
     still trains on its first use, where the clip against the behaviour would ignore much of it, and its reuses
-    stay within the clip of that first use (as PPO's epochs do). No extra forward pass."""
+    stay within the clip of that first use (as PPO's epochs do); see proximal_every."""
+    proximal_every: int = 0
+    """With proximal = "first_use": a new sample's reference is the learner's policy as it was at most N updates
+    ago (a copy refreshed every N updates; one more forward pass per update), so that a sample used only once
+    is clipped too. 0: the learner's policy now, so a first use has ratio 1 and only reuses are clipped."""
     proximal_rho_bar: float = 1.0
     """Cap of the importance weights π_first/π_behav (proximal = "first_use")."""
     horizon_s: float = 100.0
@@ -112,6 +116,7 @@ class PPOConfig:
         check_positive(e, "ppo.vtrace_c_bar", self.vtrace_c_bar)
         if self.proximal not in PROXIMAL:
             e.append(f"ppo.proximal must be 'behaviour' or 'first_use' (got {self.proximal!r})")
+        check_positive(e, "ppo.proximal_every", self.proximal_every, allow_zero=True)
         check_positive(e, "ppo.proximal_rho_bar", self.proximal_rho_bar)
         check_positive(e, "ppo.horizon_s", self.horizon_s)
         check_positive(e, "ppo.value_coef", self.value_coef, allow_zero=True)

@@ -58,13 +58,16 @@ With ``ppo.proximal = "first_use"`` (decoupled PPO, Hilton et al. 2021) PPO's ra
 learner's own log-probs of the sample's first use, not against the policy that played: a sample that arrives
 many updates late would otherwise sit outside the clip and train nothing. The batch carries them
 (``reference_logp``, NaN where the sample is new, :class:`rapid.opt.buffer.ExperienceBuffer` keeps them); a new
-sample's reference is this update's own log-probs (ratio 1), and :attr:`Learner.reference_logp` hands them back
-for the buffer to keep. Each step's surrogate is weighed by π_first/π_behav, capped at ``ppo.proximal_rho_bar``
-(:func:`rapid.opt.losses.proximal_weights`). No extra forward pass.
+sample's reference is this update's own log-probs (ratio 1), or with ``ppo.proximal_every = N`` those of
+:attr:`Learner.proximal`, a copy of the policy refreshed every N updates (one more forward pass, without
+gradients, under the same autocast), so that a sample used once is clipped too. :attr:`Learner.reference_logp`
+hands them back for the buffer to keep. Each step's surrogate is weighed by π_first/π_behav, capped at
+``ppo.proximal_rho_bar`` (:func:`rapid.opt.losses.proximal_weights`).
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,7 +78,18 @@ import torch
 from rapid.opt import losses
 from rapid.opt.config import PPOConfig
 from rapid.opt.model import Policy
-from rapid.opt.pipeline import FIRST_USE, VTRACE, WHOLE, Batch, Copier, PhaseClock, Pipeline, Staged, copy_async, stages_ahead
+from rapid.opt.pipeline import (
+    FIRST_USE,
+    VTRACE,
+    WHOLE,
+    Batch,
+    Copier,
+    PhaseClock,
+    Pipeline,
+    Staged,
+    copy_async,
+    stages_ahead,
+)
 
 DIAGNOSTICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
 
@@ -169,6 +183,12 @@ class Learner:
                                      fused=fused_adam(self.device))
         self.vtrace = ppo.off_policy == "vtrace"
         self.first_use = ppo.proximal == "first_use"
+        self.proximal = (copy.deepcopy(self.policy).requires_grad_(False)
+                         if self.first_use and ppo.proximal_every > 0 else None)
+        """The copy of the policy a new sample's reference comes from (``ppo.proximal_every``): a copy of the
+        policy at this learner's first update (after any checkpoint has loaded), then every ``proximal_every``
+        updates; every rank counts the same updates, so every rank holds the same. None: the policy itself."""
+        self._proximal_due: int | None = None
         self.reference_logp: np.ndarray | None = None
         """With ``ppo.proximal = "first_use"``: the reference log-probs of the last update's batch [S, T], the
         first use's for every sample now, for the buffer to keep."""
@@ -215,6 +235,9 @@ class Learner:
             staged = self.stage(batch)
         self._ahead = None
         lr, ent_coef = self.schedule(progress)
+        if self.proximal is not None and (self._proximal_due is None or self.updates >= self._proximal_due):
+            self.proximal.load_state_dict(self.policy.state_dict())
+            self._proximal_due = self.updates + self.ppo.proximal_every
         queued = self._queue(staged, lr, ent_coef)
         draw, self._draw = self._draw, None
         if draw is not None:  # the host draws and packs the next batch while the device trains this one
@@ -312,7 +335,12 @@ class Learner:
             reference, importance = b["logp"], None
             if self.first_use:
                 stored = w["reference_logp"][part]
-                reference = torch.where(stored.isnan(), logp.detach().float(), stored)
+                fresh = logp.detach()
+                if self.proximal is not None:
+                    with torch.no_grad(), autocast:
+                        fresh = self.proximal.evaluate(b["obs"], b["mask"], b["actions"], b["h0"], b["c0"],
+                                                       b["first"], runs)[0]
+                reference = torch.where(stored.isnan(), fresh.float(), stored)
                 importance = losses.proximal_weights(reference, b["logp"], s.proximal_rho_bar)
                 references.append(reference)
             pg, kl = losses.ppo_policy_loss(logp, reference, adv[part], s.clip, wa, total, importance)

@@ -1,5 +1,6 @@
 """Decoupled PPO (``ppo.proximal = "first_use"``): the ratio clipped against the learner's own log-probs of each
-sample's first use, each step weighted by π_first/π_behav; against a direct formula and against plain PPO where the two must agree."""
+sample's first use, each step weighted by π_first/π_behav; against a direct formula and against plain PPO where
+the two must agree."""
 
 from __future__ import annotations
 
@@ -143,3 +144,30 @@ def test_without_references_the_buffer_serves_what_it_was_given():
     batch, _ = buf.sample(2, 4, np.random.default_rng(0))
     assert sorted(batch) == ["logp", "version"]
     buf.remember(batch, np.zeros((2, 2), np.float32))  # nothing to keep
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_a_first_use_update_on_the_device_hands_back_host_references(device):
+    batch = played_batch(make_policy(1), S=12, seed=4)
+    references = np.where(np.arange(12)[:, None] < 6, batch["logp"] - 0.2, np.nan)
+    cpu = Learner(make_policy(), PPOConfig(proximal="first_use"))
+    on_device = Learner(make_policy(), PPOConfig(proximal="first_use"), device)
+    s_cpu = cpu.update(with_references(batch, references))
+    s_device = on_device.update(with_references(batch, references))
+    assert isinstance(on_device.reference_logp, np.ndarray)
+    np.testing.assert_allclose(on_device.reference_logp, cpu.reference_logp, rtol=1e-4, atol=1e-5)
+    assert s_device["policy_loss"] == pytest.approx(s_cpu["policy_loss"], rel=1e-3, abs=1e-6)
+
+
+def test_with_proximal_every_a_new_samples_reference_is_the_copy_of_every_nth_update():
+    """A sample used once is clipped too: its reference comes from the copy taken at updates 0, 3, 6, …"""
+    batch = played_batch(make_policy(1), S=12, seed=4)
+    learner = Learner(make_policy(), PPOConfig(lr=1e-2, proximal="first_use", proximal_every=3))
+    taken = {}
+    for update in range(5):
+        if update % 3 == 0:
+            taken[update] = evaluated(learner.policy, batch)[0]
+        stats = learner.update(batch)
+        np.testing.assert_allclose(learner.reference_logp, taken[3 * (update // 3)], rtol=1e-4, atol=1e-4)
+    assert stats["clip_fraction"] > 0.0  # update 4 trains against the copy of update 3
+    assert not np.allclose(taken[0], taken[3], atol=1e-3)

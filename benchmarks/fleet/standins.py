@@ -123,7 +123,7 @@ class SimLearner:
         self.measure_from, self.measure_to = measure_from, measure_to
         self.updates = 0
         self.skipped = 0
-        self.reference_logp = None  # the model's learner clips against the behaviour (ppo.proximal's default)
+        self.reference_logp: np.ndarray | None = None  # clipped against the behaviour: ppo.proximal's default
         self.busy_s = 0.0
         self.samples = 0
 
