@@ -33,7 +33,8 @@ and equal to one process training on the union of the batches.
 
 One update costs two collectives and one wait of the host for the device: the collectives carry the advantage
 and return sums (before the losses), then the gradients together with the observation sums and a "this rank's
-losses were not finite" flag (after the backward passes); the wait reads every figure back at the end. The
+losses were not finite" flag (after the backward passes); the wait reads every figure back at the end (with
+``ppo.proximal = "first_use"`` the batch's reference log-probs are copied back after it, waiting for nothing). The
 batch reaches the device through :mod:`rapid.opt.pipeline` (on CUDA: pinned memory, a side stream, one copy per
 chunk, the next batch staged while this one trains). With ``microbatch_samples`` at most two chunks of the batch
 (the one training and the next, being copied) and the next batch's first are on the device at once, and the

@@ -55,6 +55,7 @@ class Learner:
         self.clock, self.update_s = clock, update_s
         self.updates = self.skipped = 0
         self.batches: list[int] = []
+        self.reference_logp = None  # clipped against the behaviour: ppo.proximal's default
 
     def update(self, arrays, progress: float) -> dict:
         self.clock.t += self.update_s
@@ -76,6 +77,9 @@ class Buffer:
     def stats(self):
         return SimpleNamespace(received=self.consumed + self.backlog, consumed=self.consumed, dropped_stale=0,
                                evicted_unused=0, unused=self.backlog)
+
+    def remember(self, batch, reference_logp):
+        """Nothing to keep: these tests' learners clip against the behaviour (ppo.proximal's default)."""
 
 
 class Recorder:
