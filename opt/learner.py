@@ -189,7 +189,8 @@ class Learner:
         """The copy of the policy a new sample's reference comes from (``ppo.proximal_every``): a copy of the
         policy at this learner's first update (after any checkpoint has loaded), then every ``proximal_every``
         updates; every rank counts the same updates, so every rank holds the same. None: the policy itself."""
-        self._proximal_due: int | None = None
+        self._proximal_due = 0
+        """The update count at which the copy is next refreshed (0: at this learner's first update)."""
         self.reference_logp: np.ndarray | None = None
         """With ``ppo.proximal = "first_use"``: the reference log-probs of the last update's batch [S, T], the
         first use's for every sample now, for the buffer to keep."""
@@ -236,7 +237,7 @@ class Learner:
             staged = self.stage(batch)
         self._ahead = None
         lr, ent_coef = self.schedule(progress)
-        if self.proximal is not None and (self._proximal_due is None or self.updates >= self._proximal_due):
+        if self.proximal is not None and self.updates >= self._proximal_due:
             self.proximal.load_state_dict(self.policy.state_dict())
             self._proximal_due = self.updates + self.ppo.proximal_every
         queued = self._queue(staged, lr, ent_coef)
@@ -336,8 +337,9 @@ class Learner:
             reference, importance = b["logp"], None
             if self.first_use:
                 stored = w["reference_logp"][part]
-                fresh = logp.detach()
-                if self.proximal is not None:
+                if self.proximal is None:
+                    fresh = logp.detach()
+                else:
                     with torch.no_grad(), autocast:
                         fresh = self.proximal.evaluate(b["obs"], b["mask"], b["actions"], b["h0"], b["c0"],
                                                        b["first"], runs)[0]
