@@ -29,6 +29,9 @@ class CountingOpponents:
         self.chosen += 1
         return Opponent(f"bot:random{self.chosen}", bot=RandomBot(self.spec, seed=self.chosen))
 
+    def follow(self, meta):
+        """No schedule."""
+
 
 def test_opponent_fixed_for_a_whole_game_and_state_reset_at_game_start():
     torch.manual_seed(0)

@@ -106,11 +106,12 @@ def quality_update(quality: float, probability: float, n_snapshots: int, eta: fl
     return quality - eta / (n_snapshots * max(probability, MIN_UPDATE_PROBABILITY))
 
 
-def opponent_distribution(state: PoolState, config: LeagueConfig) -> dict[str, float]:
-    """Every possible opponent of the next game (``LATEST``, snapshot ids, bot ids) with its probability."""
+def opponent_distribution(state: PoolState, config: LeagueConfig, bot_prob: float | None = None) -> dict[str, float]:
+    """Every possible opponent of the next game (``LATEST``, snapshot ids, bot ids) with its probability;
+    ``bot_prob`` (the schedule's value now) replaces ``config.bot_prob``."""
     bots = state.bots()
     past = past_probabilities(state, config)
-    bot_share = config.bot_prob if bots else 0.0
+    bot_share = (config.bot_prob if bot_prob is None else bot_prob) if bots else 0.0
     past_share = (1.0 - bot_share) * (1.0 - config.latest_prob) if past else 0.0
     dist = {LATEST: 1.0 - bot_share - past_share}
     dist.update({k: past_share * p for k, p in past.items()})
@@ -141,6 +142,8 @@ class OpponentSampler:
         self.clock = clock
         self.state = PoolState()
         self.refresh_errors = 0
+        self.bot_prob = config.bot_prob
+        """The share of games against bots now: ``config.bot_prob`` until :meth:`set_bot_prob` moves it."""
         self._refreshed_at: float | None = None
         self._ids: list[str] = [LATEST]
         self._cumulative = np.ones(1)
@@ -157,13 +160,21 @@ class OpponentSampler:
             self.refresh_errors += 1
             return
         self.state = state
-        dist = opponent_distribution(state, self.config)
+        self._draw_from(opponent_distribution(state, self.config, self.bot_prob))
+
+    def set_bot_prob(self, bot_prob: float) -> None:
+        """Draw the next games' opponents with this share against bots (the league.bot_prob schedule's value)."""
+        if bot_prob != self.bot_prob:
+            self.bot_prob = bot_prob
+            self._draw_from(opponent_distribution(self.state, self.config, bot_prob))
+
+    def _draw_from(self, dist: dict[str, float]) -> None:
         self._ids = list(dist)
         self._cumulative = np.cumsum(list(dist.values()))
 
     def distribution(self) -> dict[str, float]:
         self.refresh()
-        return opponent_distribution(self.state, self.config)
+        return opponent_distribution(self.state, self.config, self.bot_prob)
 
     def choose(self, rng: np.random.Generator) -> OpponentChoice:
         """The opponent of the next game (call once per game start)."""

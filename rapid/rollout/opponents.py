@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -47,7 +47,7 @@ from rapid.errors import FormatError
 from rapid.infra.store import KeyNotFound, StoreError
 from rapid.league import LATEST, League, OpponentSampler
 from rapid.opt.model import Policy
-from rapid.rollout.worker import Opponent
+from rapid.rollout.worker import Opponent, stamped_share
 from rapid.run.config import Config
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,11 @@ class LeagueOpponents:
         self._slate: list[Opponent] = []
         self._drawn_at = -math.inf
         self.load_failures = 0
+
+    def follow(self, meta: Mapping | None) -> None:
+        """New games take the share against bots that the version now played is stamped with (the optimizer's
+        league.bot_prob schedule), or keep the config's."""
+        self.sampler.set_bot_prob(stamped_share(meta, "bot_prob", self.sampler.config.bot_prob))
 
     def choose(self, rng: np.random.Generator) -> Opponent:
         choice = self.sampler.choose(rng)

@@ -65,14 +65,14 @@ class RolloutSettings:
                    gae_lambda=cfg.ppo.gae_lambda, team_spirit=cfg.ppo.team_spirit, zero_sum=cfg.ppo.zero_sum)
 
 
-def stamped_team_spirit(meta: Mapping | None, default: float) -> float:
-    """The team spirit a params object's meta names (the optimizer's schedule), else ``default``: a value that
-    is not a number within [0, 1] is not trusted (stored objects may be hostile).
+def stamped_share(meta: Mapping | None, key: str, default: float) -> float:
+    """The share (team spirit, bot share) a params object's meta names under ``key`` (the optimizer's schedule),
+    else ``default``: a value that is not a number within [0, 1] is not trusted (stored objects may be hostile).
 
-    >>> stamped_team_spirit({"team_spirit": 0.6}, 0.3), stamped_team_spirit({"team_spirit": "1"}, 0.3)
+    >>> stamped_share({"team_spirit": 0.6}, "team_spirit", 0.3), stamped_share({"team_spirit": "1"}, "team_spirit", 0.3)
     (0.6, 0.3)
     """
-    value = (meta or {}).get("team_spirit")
+    value = (meta or {}).get(key)
     if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0:
         return float(value)
     return default
@@ -91,12 +91,18 @@ class OpponentSource(Protocol):
     def choose(self, rng: np.random.Generator) -> Opponent:
         """The opponent for one new game."""
 
+    def follow(self, meta: Mapping | None) -> None:
+        """Take what the version now played says of the games to come (its meta: the share against bots)."""
+
 
 class SelfPlay:
     """Every game against the latest policy."""
 
     def choose(self, rng: np.random.Generator) -> Opponent:
         return Opponent(LATEST)
+
+    def follow(self, meta: Mapping | None) -> None:
+        """Self-play has nothing to schedule."""
 
 
 @dataclass
@@ -143,10 +149,12 @@ class RolloutWorker:
         self._control: list[tuple[Opponent | None, np.ndarray]] | None = None
 
     def set_params(self, version: int, tensors: dict[str, np.ndarray], meta: Mapping | None = None) -> None:
-        """Play ``version`` from now on; its ``meta`` may carry the team spirit to mix rewards with."""
+        """Play ``version`` from now on; its ``meta`` may carry the team spirit to mix rewards with, and the share
+        of new games to play against bots."""
         self.inference.set_params(version, tensors)
         self.version = version
-        self.team_spirit = stamped_team_spirit(meta, self.settings.team_spirit)
+        self.team_spirit = stamped_share(meta, "team_spirit", self.settings.team_spirit)
+        self.opponents.follow(meta)
 
     def _controllers(self) -> list[tuple[Opponent | None, np.ndarray]]:
         """Who acts for which agent: the rows of every controller (None for the learner). It only changes when a

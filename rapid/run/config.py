@@ -208,7 +208,14 @@ class LeagueConfig:
     pfsp_power: float = 2.0
     """PFSP weighting exponent p: a past policy is picked ∝ (1 - win rate against it)^p."""
     bot_prob: float = 0.0
-    """Share of all games against scripted bots (those in ``bots``), taken first."""
+    """Share of all games against scripted bots (those in ``bots``), taken first (at the start of the run)."""
+    bot_prob_final: float = -1.0
+    """Share of games against bots at the end of the run's budget (negative: bot_prob throughout). It stays at
+    bot_prob through the first ``bot_begin`` of the budget, then moves linearly; the optimizer stamps each
+    published version with its value, and rollout workers draw new games' opponents with the value of the version
+    they play."""
+    bot_begin: float = 0.0
+    """The share of the run's budget (0 to 1) through which the bot share stays at bot_prob."""
     bots: list[str] = field(default_factory=list)
     """Scripted bots of the env that join the pool (e.g. ['random', 'lane'])."""
     refresh_s: float = 30.0

@@ -99,6 +99,9 @@ def validate(cfg: Config) -> list[str]:
     _positive(e, "league.snapshot_every", lg.snapshot_every, allow_zero=True)
     _unit(e, "league.latest_prob", lg.latest_prob)
     _unit(e, "league.bot_prob", lg.bot_prob)
+    if lg.bot_prob_final >= 0:
+        _unit(e, "league.bot_prob_final", lg.bot_prob_final)
+    _unit(e, "league.bot_begin", lg.bot_begin)
     _positive(e, "league.eta", lg.eta)
     if lg.scheme not in ("openai_five", "pfsp"):
         e.append(f"league.scheme must be 'openai_five' or 'pfsp' (got {lg.scheme!r})")
