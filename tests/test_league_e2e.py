@@ -59,12 +59,12 @@ def test_opponent_fixed_for_a_whole_game_and_state_reset_at_game_start():
     assert source.chosen == 8 + finished
 
 
-def test_training_plays_bots_and_past_opponents_in_the_configured_shares(tmp_path):
+def test_training_plays_bots_on_their_schedule_and_past_opponents_in_the_configured_share(tmp_path):
     run = tmp_path / "league"
     rapid("train", "--config", "configs/default.toml", "--run-dir", str(run), "--minutes", "0.5", "--no-progress",
           "--set", "rollout.upload_interval_s=1.0", "--set", "env.num_games=64", "--set", "league.snapshot_every=4",
           "--set", "league.latest_prob=0.7", "--set", "league.refresh_s=1", "--set", "eval.interval_s=10",
-          "--set", 'league.bots=["lookahead"]', "--set", "league.bot_prob=0.2",
+          "--set", 'league.bots=["lookahead"]', "--set", "league.bot_prob=0.0", "--set", "league.bot_prob_final=0.4",
           "--set", "eval.games=60", "--set", "store.retention_s=0", timeout=300)
     store = LocalStore(run / "store")
     state = League(store).read()
@@ -78,9 +78,11 @@ def test_training_plays_bots_and_past_opponents_in_the_configured_shares(tmp_pat
                 for e in decode_experience(store.get(key), shape).episodes]
     settled = [e for e in episodes if e["learner_version"] >= snapshots[0].version + 8]
     assert len(settled) >= 300
-    # A fifth of the games against the bot, and of the rest 30% against past snapshots (within 3 sigma).
-    bot = np.mean([e["opponent"] == "bot:lookahead" for e in settled])
-    assert abs(bot - 0.2) < 0.07, f"bot share {bot:.3f}, configured 0.2"
+    # The bot's share rises from none to 0.4 over the 30 s: each version carries the schedule's value to the worker.
+    settled.sort(key=lambda e: e["learner_version"])
+    thirds = [np.mean([e["opponent"] == "bot:lookahead" for e in part]) for part in np.array_split(settled, 3)]
+    assert thirds[0] < thirds[1] < thirds[2] <= 0.45 and thirds[2] >= 0.2, f"bot shares by version {thirds}"
+    # Of the games not against the bot, 30% against past snapshots (within 3 sigma).
     past = np.mean([e["opponent"] != "latest" for e in settled if not e["opponent"].startswith("bot:")])
     assert abs(past - 0.3) < 0.09, f"past-opponent share {past:.3f}, configured 0.3"
     assert {e["opponent"] for e in settled} & {m.id for m in snapshots}
