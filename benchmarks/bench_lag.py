@@ -12,7 +12,9 @@ log-probs for ``ppo.proximal = "first_use"``), and the worker then takes the par
 A round is ``reuse × round-batches`` updates (12 by default). A 5-minute run of the shipped config trains about
 14 updates a second at a staleness of about 5 versions, some 45 updates: about ``--lag 4``.
 
-The learner trains at its schedules' start (the first minute's learning rate and entropy bonus). Every
+The learner trains in ``optimizer.precision`` as the optimizer role sets it (bfloat16 where the CPU computes it
+natively, with the shipped ``auto``; ``--set optimizer.precision=fp32`` for float32) and at its schedules' start
+(the first minute's learning rate and entropy bonus). Every
 ``--eval-every`` decisions the learner's policy plays ``--games`` sampled games against the random bot (as the
 evaluator does); the script stops at the first round at or above ``--target`` and prints the decisions, updates
 and CPU seconds it took, or gives up after ``--max-decisions``. Each evaluation's line also shows the last
@@ -33,7 +35,7 @@ import torch
 from rapid.envs.registry import make_env
 from rapid.errors import UsageError
 from rapid.opt.buffer import ExperienceBuffer
-from rapid.opt.learner import Learner
+from rapid.opt.learner import Learner, precision_settings
 from rapid.roles.startup import build_policy
 from rapid.rollout.worker import RolloutSettings, RolloutWorker
 from rapid.run.config_files import load_config
@@ -69,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     torch.manual_seed(cfg.run.seed)
     env = make_env(cfg.env.name, num_games=cfg.env.num_games, seed=cfg.run.seed, options=cfg.env.options)
-    learner = Learner(build_policy(cfg, env.spec), cfg.ppo)
+    bf16, _ = precision_settings(cfg.optimizer.precision, torch.device("cpu"))  # as the optimizer role sets it
+    learner = Learner(build_policy(cfg, env.spec), cfg.ppo, bf16=bf16)
     worker = RolloutWorker(env, build_policy(cfg, env.spec), RolloutSettings.of(cfg, env.spec), seed=cfg.run.seed)
     judge_env = make_env(cfg.env.name, num_games=args.games, seed=cfg.run.seed + 1, options=cfg.env.options)
     batch = cfg.optimizer.batch_samples

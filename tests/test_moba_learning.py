@@ -1,9 +1,10 @@
 """moba learns: a short `rapid train` of the shipped 1v1 config, through its real processes, beats `random`.
 
 The full target (≥ 70% against the `lane` bot within 20 minutes) is a benchmark, recorded in BENCHMARKS.md
-(`## Learning: moba 1v1`); this is the cheap version for the test suite: 90 seconds of training, then an
-independent `rapid eval` of the newest version over 100 games with its own seed. (On the 2-core VM on 2026-11-26,
-with nothing else running, the newest version won 100 of 100 after 90 s (v38) and after 60 s (v24).)
+(`## Learning: moba 1v1`); this is the cheap version for the test suite: a minute of training, then an
+independent `rapid eval` of the newest version over 100 games with its own seed. (On the 2-core VM, with nothing
+else running, the newest version won 100 of 100 after 90 s (v38) and after 60 s (v24) on 2026-11-26, and after
+60 s (v25) on 2026-11-27; the test took 70 s, against 98 s with 90 s of training.)
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from tests.helpers import rapid
 QUICK = ["--set", "eval.interval_s=0", "--set", "run.num_workers=1"]
 
 
-def test_moba_1v1_beats_random_after_90_seconds(tmp_path):
+def test_moba_1v1_beats_random_after_a_minute(tmp_path):
     run = tmp_path / "moba"
-    rapid("train", "--config", "configs/moba-1v1.toml", "--run-dir", str(run), "--minutes", "1.5", "--no-progress",
+    rapid("train", "--config", "configs/moba-1v1.toml", "--run-dir", str(run), "--minutes", "1", "--no-progress",
           *QUICK, timeout=420)
     out = rapid("eval", "--run-dir", str(run), "--version", "latest", "--against", "random", "--games", "100",
                 "--seed", "4242", timeout=420)
