@@ -41,10 +41,7 @@ class PPOConfig:
     Adam's moments settle while the weights stay, as OpenAI Five did after each surgery (`rapid surgery
     --settle-updates N` sets it). 0: none."""
     clip: float = 0.2
-    """PPO ratio clip at the start of the run."""
-    clip_final: float = -1.0
-    """PPO ratio clip at the end of the run's budget, linearly (negative: clip throughout; so too in a run
-    without a budget). A wide clip early lets experience that arrives several updates late still train."""
+    """PPO ratio clip."""
     gae_lambda: float = 0.95
     """GAE's λ: 0 bootstraps from the next value, 1 is the Monte Carlo return; V-trace's traces are λ·min(c̄, π/μ)."""
     off_policy: str = "none"
@@ -112,8 +109,6 @@ class PPOConfig:
         e: list[str] = []
         check_positive(e, "ppo.lr", self.lr)
         check_positive(e, "ppo.clip", self.clip)
-        if self.clip_final >= 0:
-            check_positive(e, "ppo.clip_final", self.clip_final)
         check_unit(e, "ppo.gae_lambda", self.gae_lambda)
         if self.off_policy not in OFF_POLICY:
             e.append(f"ppo.off_policy must be 'none' or 'vtrace' (got {self.off_policy!r})")

@@ -204,13 +204,12 @@ class Learner:
         self._last_phases: tuple[PhaseClock, dict[str, list[tuple[int, int]]]] | None = None
         """The last update's clock, read at the next update's one wait (CUDA)."""
 
-    def schedule(self, progress: float) -> tuple[float, float, float]:
-        """(learning rate, entropy bonus, PPO's clip) when ``progress`` (0 to 1 of the run's budget) is done; the
-        learning rate is 0 before update ``ppo.settle_until_update`` (Adam's moments settle, the weights stay)."""
+    def schedule(self, progress: float) -> tuple[float, float]:
+        """(learning rate, entropy bonus) when ``progress`` (0 to 1 of the run's budget) is done; the learning
+        rate is 0 before update ``ppo.settle_until_update`` (Adam's moments settle, the weights stay)."""
         s = self.ppo
         lr = 0.0 if self.updates < s.settle_until_update else losses.linear_schedule(s.lr, s.lr_final, progress)
-        return (lr, losses.linear_schedule(s.entropy_coef, s.entropy_final, progress, s.entropy_begin),
-                losses.linear_schedule(s.clip, s.clip_final, progress))
+        return lr, losses.linear_schedule(s.entropy_coef, s.entropy_final, progress, s.entropy_begin)
 
     def stage(self, batch: Batch) -> Staged:
         """The batch on its way to the learner's device (on CUDA: packed into pinned memory, copied on a side
@@ -237,11 +236,11 @@ class Learner:
         else:
             staged = self.stage(batch)
         self._ahead = None
-        lr, ent_coef, clip = self.schedule(progress)
+        lr, ent_coef = self.schedule(progress)
         if self.proximal is not None and self.updates >= self._proximal_due:
             self.proximal.load_state_dict(self.policy.state_dict())
             self._proximal_due = self.updates + self.ppo.proximal_every
-        queued = self._queue(staged, lr, ent_coef, clip)
+        queued = self._queue(staged, lr, ent_coef)
         draw, self._draw = self._draw, None
         if draw is not None:  # the host draws and packs the next batch while the device trains this one
             ahead = draw()
@@ -260,7 +259,7 @@ class Learner:
         self.adam.zero_grad(set_to_none=True)
         queued.spans["step"].append((queued.step_from, queued.clock.mark()))
         stats = dict(zip((*DIAGNOSTICS, "grad_norm", "explained_variance"), figures[1:]))
-        return {**stats, "entropy_coef": ent_coef, "lr": lr, "clip": clip, "skipped": float(not finite),
+        return {**stats, "entropy_coef": ent_coef, "lr": lr, "skipped": float(not finite),
                 "update_s": time.perf_counter() - t0, **self._phase_seconds(queued.clock, queued.spans)}
 
     def _phase_seconds(self, clock: PhaseClock, spans: dict[str, list[tuple[int, int]]]) -> dict[str, float]:
@@ -298,7 +297,7 @@ class Learner:
             returns.append(ret)
         return torch.cat(advantages), torch.cat(returns)
 
-    def _queue(self, staged: Staged, lr: float, ent_coef: float, clip: float) -> _Queued:
+    def _queue(self, staged: Staged, lr: float, ent_coef: float) -> _Queued:
         """Everything of the update up to its one read, queued on the device: losses, backward passes, the
         collectives, the gradient norm and the checks."""
         s = self.ppo
@@ -347,7 +346,7 @@ class Learner:
                 reference = torch.where(stored.isnan(), fresh.float(), stored)
                 importance = losses.proximal_weights(reference, b["logp"], s.proximal_rho_bar)
                 references.append(reference)
-            pg, kl = losses.ppo_policy_loss(logp, reference, adv[part], clip, wa, total, importance)
+            pg, kl = losses.ppo_policy_loss(logp, reference, adv[part], s.clip, wa, total, importance)
             vl = losses.value_loss(value, returns[part] / scale, own[part], own_total,
                                    old=b["values"] / scale, clip=s.value_clip)
             ent = losses.masked_mean(entropy, wa, total)

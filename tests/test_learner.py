@@ -75,25 +75,6 @@ def test_learning_rate_and_entropy_bonus_follow_the_runs_progress():
     assert [late.schedule(p)[1] for p in (0.25, 0.5, 0.75)] == pytest.approx([0.0, 0.0, 0.02])
 
 
-def test_ppos_clip_follows_the_runs_progress():
-    """``ppo.clip_final``: the clip moves linearly over the budget, and the update clips at the scheduled value
-    (on stale log-probs a narrower clip leaves more steps outside it)."""
-    batch = played_batch(make_policy(), seed=2)
-    rng = np.random.default_rng(0)
-    batch["logp"] = batch["logp"] + rng.normal(0.0, 0.3, batch["logp"].shape).astype(np.float32)  # a stale behaviour
-    fractions = {}
-    for progress in (0.0, 0.5, 1.0):
-        learner = Learner(make_policy(), PPOConfig(clip=0.6, clip_final=0.05, normalize_returns=False))
-        stats = learner.update(batch, progress=progress)
-        assert stats["clip"] == pytest.approx(0.6 + progress * (0.05 - 0.6))
-        fractions[progress] = stats["clip_fraction"]
-    assert fractions[0.0] < fractions[0.5] < fractions[1.0], fractions
-    held = Learner(make_policy(), PPOConfig(clip=0.3))
-    assert [held.schedule(p)[2] for p in (0.0, 1.0)] == [0.3, 0.3]
-    assert "ppo.clip_final" in " ".join(PPOConfig(clip_final=0.0).errors())
-    assert PPOConfig(clip_final=-1.0).errors() == [] and PPOConfig(clip_final=0.1).errors() == []
-
-
 def test_settling_updates_move_adams_moments_but_not_the_weights():
     """After a surgery (ppo.settle_until_update) the learner steps with learning rate 0 until that update:
     the weights and normalizers stay, Adam's moments fill; from that update on it learns as usual."""
