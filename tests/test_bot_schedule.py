@@ -11,7 +11,7 @@ from rapid.errors import UsageError
 from rapid.infra.store import LocalStore
 from rapid.league import League
 from rapid.league.state import ensure_bots
-from rapid.roles.optimizer_loop import version_meta
+from rapid.roles.optimizer_settings import version_meta
 from rapid.roles.startup import build_policy
 from rapid.rollout.opponents import LeagueOpponents
 from rapid.rollout.worker import RolloutSettings, RolloutWorker

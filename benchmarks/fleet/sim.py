@@ -32,8 +32,9 @@ from rapid.opt.buffer import ExperienceBuffer
 from rapid.optimizer.loader import ExperienceLoader
 from rapid.optimizer.publisher import BackgroundWriter
 from rapid.roles.league_keeper import LeagueKeeper
-from rapid.roles.optimizer_loop import OptimizerLoop, Timing, version_meta
+from rapid.roles.optimizer_loop import OptimizerLoop, Timing
 from rapid.roles.optimizer_parts import Parts
+from rapid.roles.optimizer_settings import version_meta
 from rapid.roles.rollout import ParamPoller
 from rapid.roles.rollout_loop import RolloutLoop
 from rapid.rollout.node_cache import NodeCachedStore

@@ -32,9 +32,10 @@ from rapid.optimizer.publisher import BackgroundWriter
 from rapid.roles.curves import open_curves
 from rapid.roles.league_keeper import LeagueKeeper
 from rapid.roles.lockstep import wait_round_s
-from rapid.roles.optimizer_loop import OptimizerLoop, Timing, version_meta
+from rapid.roles.optimizer_loop import OptimizerLoop, Timing
 from rapid.roles.optimizer_parts import Parts
 from rapid.roles.optimizer_report import OptimizerReport
+from rapid.roles.optimizer_settings import version_meta
 from rapid.roles.start_point import agree_on_start
 from rapid.roles.startup import JsonlLog, StopFlag, build_policy, env_spec, open_run_store, setup_logging, start_metrics
 from rapid.roles.steps import drive

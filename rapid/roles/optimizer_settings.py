@@ -1,0 +1,52 @@
+"""What an optimizer rank derives from the config as the run goes: how far through its budget it is
+(:func:`run_progress`, which the learner's schedules follow), what each published version says besides its weights
+(:func:`version_meta`: the schedules the rollout workers play it with), and the balancer's bounds
+(:func:`balance_settings`). Pure functions of the config, the clock and the update count."""
+
+from __future__ import annotations
+
+from rapid.opt.losses import linear_schedule
+from rapid.optimizer.balance import BalanceSettings
+from rapid.run.config import Config
+
+
+def run_progress(cfg: Config, elapsed_s: float, updates: int) -> float:
+    """The share of the run's budget done: of run.minutes or run.updates, whichever is further along (0 without
+    a budget). The learning-rate and entropy schedules follow it.
+
+    >>> from rapid.run.config import RunConfig
+    >>> run_progress(Config(run=RunConfig(minutes=5.0, updates=1000)), elapsed_s=60.0, updates=500)
+    0.5
+    """
+    done = [elapsed_s / (60.0 * cfg.run.minutes)] if cfg.run.minutes else []
+    done += [updates / cfg.run.updates] if cfg.run.updates else []
+    return min(1.0, max(done, default=0.0))
+
+
+def version_meta(cfg: Config, updates: int, elapsed_s: float) -> dict:
+    """What a published version says besides its weights: its update count, and the team spirit and share of
+    games against bots its games are to be played with (the ppo.team_spirit and league.bot_prob schedules at this
+    point of the run's budget).
+
+    >>> from rapid.run.config import LeagueConfig, RunConfig
+    >>> from rapid.opt.config import PPOConfig
+    >>> version_meta(Config(run=RunConfig(updates=100), ppo=PPOConfig(team_spirit=0.3, team_spirit_final=0.8),
+    ...                     league=LeagueConfig(bot_prob=0.0, bot_prob_final=0.5, bot_begin=0.5)), 75, 9.0)
+    {'updates': 75, 'team_spirit': 0.675, 'bot_prob': 0.25}
+    """
+    progress = run_progress(cfg, elapsed_s, updates)
+    lg = cfg.league
+    return {"updates": updates,
+            "team_spirit": linear_schedule(cfg.ppo.team_spirit, cfg.ppo.team_spirit_final, progress),
+            "bot_prob": linear_schedule(lg.bot_prob, lg.bot_prob_final, progress, lg.bot_begin)}
+
+
+def balance_settings(cfg: Config) -> BalanceSettings:
+    o = cfg.optimizer
+    multiple = o.microbatch_samples or 1
+    if not o.balance:
+        return BalanceSettings(o.batch_samples, o.batch_samples, o.max_reuse, 0.0, multiple)
+    hi = o.max_batch_samples or max(o.batch_samples, min(4 * o.batch_samples, o.buffer_samples // 2))
+    hi = max(o.batch_samples, hi - hi % multiple)
+    interval = o.publish_interval_s or cfg.rollout.upload_interval_s
+    return BalanceSettings(o.batch_samples, hi, o.target_reuse, interval, multiple)
