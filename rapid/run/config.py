@@ -92,7 +92,9 @@ class RolloutConfig:
     linger_s: float = 300.0
     """Once the run's optimizer has stopped (its lease released, or expired: it died), a worker plays no more
     games and waits this many seconds for an optimizer to take the run again (a --resume), then stops (0: at
-    once). It asks only when no new version has come for a few publish intervals."""
+    once). It asks only when no new version has come for a few publish intervals (and once at start); while it
+    waits it asks again after 1 s, 2 s, 4 s, … then every 30 s, so a --resume, whose optimizer takes the run a
+    moment after its workers start, loses no more than a second or two."""
     inference: str = "auto"
     """Where the policy runs: 'local' (on each worker's core), 'node' (one inference server per node batches every
     worker's requests, on the node's GPU if it has one, and is the node's only reader of parameters), 'auto' (node
