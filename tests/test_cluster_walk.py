@@ -150,3 +150,41 @@ def test_the_evaluator_of_a_stopped_run_rates_its_last_version_and_stops(tmp_pat
     evaluator.join(30)
     assert stopped_by_itself and result == [0]
     assert [json.loads(line)["version"] for line in (tmp_path / "logs" / "eval.jsonl").read_text().splitlines()] == [0]
+
+
+def test_the_evaluator_of_a_resumed_run_goes_on_when_the_optimizer_takes_the_run_a_moment_later(tmp_path):
+    """A --resume starts the evaluator beside its optimizer: the evaluator may rate the newest version and read
+    the last run's released lease before the new optimizer takes it. It must not stop for good then."""
+    import threading
+    import time
+
+    from rapid.infra.store import LocalStore
+    from rapid.roles.evaluator import run_evaluator
+    from rapid.roles.startup import StopFlag
+    from rapid.run.lease import RunLease
+    from rapid.run.param_store import ParameterStore
+
+    cfg = load_config(None, [f'run.dir="{tmp_path}"', "env.num_games=2", "model.hidden=16", "model.lstm=16",
+                             "eval.games=2", "eval.interval_s=0.2", "metrics.enabled=false"])
+    _finished_run(tmp_path / "store", cfg)
+    store, log = LocalStore(tmp_path / "store"), tmp_path / "logs" / "eval.jsonl"
+    stop, result = StopFlag(install_signals=False), []
+    evaluator = threading.Thread(target=lambda: result.append(run_evaluator(cfg, stop=stop)), daemon=True)
+    evaluator.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not (log.exists() and log.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # v0 rated and the released lease read: now the resumed optimizer takes the run
+        lease = RunLease(store).acquire()
+        params = ParameterStore(store)
+        params.publish(1, params.fetch(0).tensors)
+        deadline = time.monotonic() + 30
+        while 1 not in [json.loads(line)["version"] for line in log.read_text().splitlines()]:
+            assert evaluator.is_alive() and time.monotonic() < deadline, "the evaluator stopped before the resume's v1"
+            time.sleep(0.1)
+        lease.release()
+    finally:
+        stop.set("test")
+        evaluator.join(30)
+    assert result == [0]

@@ -1,8 +1,8 @@
 """The evaluator role: every ``eval.interval_s`` (``eval.early_interval_s`` in its first ``eval.early_s``) it
 plays the newest version against the baseline, with sampled or greedy actions or both (``eval.play``), and
 logs the win rates, so `rapid train` can show progress against a fixed yardstick (self-play win rates
-hover near 50% by construction). Once the run's optimizer has stopped (:class:`rapid.run.run_watch.RunWatch`)
-and the newest version is rated, it stops too."""
+hover near 50% by construction). Once the run's optimizer has stopped (:class:`rapid.run.run_watch.RunWatch`,
+asked again over a few seconds: :func:`stays_gone`) and the newest version is rated, it stops too."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
             round_s = version_at - started
         gone = watch.optimizer_gone(version_at, time.time(), force=not asked)  # at start, then when quiet
         asked = True
-        if gone and version is not None and version <= last:
+        if gone and version is not None and version <= last and stays_gone(watch, stop):
             log.info("the run's optimizer %s and its newest version v%d is rated: the evaluator stops", gone, last)
             break
         interval_s = eval_interval_s(cfg.eval, time.time() - evaluator_started)
@@ -120,6 +120,21 @@ def curve_tag(opponent: str, mode: str) -> str:
     ('eval/win_rate_vs_random', 'eval/win_rate_vs_random_greedy')
     """
     return f"eval/win_rate_vs_{opponent}" + ("_greedy" if mode == "greedy" else "")
+
+
+RECHECK_S = (1.0, 2.0, 4.0)
+
+
+def stays_gone(watch: RunWatch, stop: StopFlag, recheck_s: tuple[float, ...] = RECHECK_S) -> bool:
+    """Whether the run is still without an optimizer when asked again after each of ``recheck_s``: a --resume
+    starts the evaluator beside its optimizer, which takes the run a moment after the evaluator may have read the
+    last run's released lease (as a rollout worker's linger asks again soon)."""
+    for wait_s in recheck_s:
+        if stop.wait(wait_s):
+            return True
+        if not watch.optimizer_gone(0.0, time.time(), force=True):
+            return False
+    return True
 
 
 def eval_interval_s(settings: EvalConfig, since_start_s: float) -> float:
