@@ -7,6 +7,7 @@ asked again over a few seconds: :func:`stays_gone`) and the newest version is ra
 from __future__ import annotations
 
 import time
+from itertools import islice
 
 import torch
 
@@ -122,14 +123,13 @@ def curve_tag(opponent: str, mode: str) -> str:
     return f"eval/win_rate_vs_{opponent}" + ("_greedy" if mode == "greedy" else "")
 
 
-RECHECK_S = (1.0, 2.0, 4.0)
+RECHECKS = 3  # 1 s, 2 s and 4 s later (RunWatch.recheck_waits)
 
 
-def stays_gone(watch: RunWatch, stop: StopFlag, recheck_s: tuple[float, ...] = RECHECK_S) -> bool:
-    """Whether the run is still without an optimizer when asked again after each of ``recheck_s``: a --resume
-    starts the evaluator beside its optimizer, which takes the run a moment after the evaluator may have read the
-    last run's released lease (as a rollout worker's linger asks again soon)."""
-    for wait_s in recheck_s:
+def stays_gone(watch: RunWatch, stop: StopFlag) -> bool:
+    """Whether the run is still without an optimizer when asked again ``RECHECKS`` times: a --resume starts the
+    evaluator beside its optimizer, which may take the run only after the evaluator read the last run's lease."""
+    for wait_s in islice(watch.recheck_waits(), RECHECKS):
         if stop.wait(wait_s):
             return True
         if not watch.optimizer_gone(0.0, time.time(), force=True):

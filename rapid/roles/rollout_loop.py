@@ -25,7 +25,6 @@ import time
 from rapid.roles.steps import Sleep
 
 FIRST_PARAMS_POLL_S = 0.2
-LINGER_FIRST_CHECK_S = 1.0  # then 2, 4, … up to RunWatch.every_s
 
 
 class RolloutLoop:
@@ -100,15 +99,13 @@ class RolloutLoop:
                          f", stopping in {self.linger_s:.0f}s unless an optimizer takes the run again"
                          if self.linger_s else "")
         deadline = self.clock.time() + self.linger_s
-        # A --resume starts its workers and optimizer together, and a worker often reads the last run's released
-        # lease a moment before the new optimizer takes it: ask again soon, then back off to the watch's interval.
-        wait_s = LINGER_FIRST_CHECK_S
-        while not self.stop and self.clock.time() < deadline:
+        for wait_s in self.watch.recheck_waits():
+            if self.stop or self.clock.time() >= deadline:
+                break
             yield Sleep(min(wait_s, max(deadline - self.clock.time(), 0.0)))
             if not self.watch.optimizer_gone(0.0, self.clock.time(), force=True):
                 self.log.info("an optimizer holds the run again: playing on")
                 return True
-            wait_s = min(2.0 * wait_s, self.watch.every_s)
         if not self.stop:
             self.log.warning("no optimizer took the run within rollout.linger_s = %gs: this worker stops",
                              self.linger_s)

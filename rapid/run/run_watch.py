@@ -27,11 +27,13 @@ Usage::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from rapid.infra.store import Store, StoreError
 from rapid.run.config import Config
 from rapid.run.lease import read_head
+
+FIRST_RECHECK_S = 1.0
 
 
 def quiet_s(cfg: Config) -> float:
@@ -57,6 +59,20 @@ class RunWatch:
             return self._read_lease()
         except (StoreError, ValueError):  # an unreadable lease tells nothing: keep going
             return None
+
+    def recheck_waits(self) -> Iterator[float]:
+        """The waits between asks once the run was found without an optimizer: 1 s, 2 s, 4 s, … then ``every_s``.
+        A --resume starts its workers and evaluator beside its optimizer, which takes the run a moment after they
+        may have read the last run's released lease: they ask again soon, then back off.
+
+        >>> from itertools import islice
+        >>> list(islice(RunWatch(None, quiet_s=60.0, every_s=30.0).recheck_waits(), 7))
+        [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+        """
+        wait_s = FIRST_RECHECK_S
+        while True:
+            yield wait_s
+            wait_s = min(2.0 * wait_s, self.every_s)
 
     def _read_lease(self) -> str | None:
         _, holder = read_head(self.store)
