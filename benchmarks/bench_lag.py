@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from collections import deque
 
@@ -34,9 +35,12 @@ import torch
 
 from rapid.envs.registry import make_env
 from rapid.errors import UsageError
+from rapid.infra.store import LocalStore
+from rapid.league import League, bot_ids, ensure_bots
 from rapid.opt.buffer import ExperienceBuffer
 from rapid.opt.learner import Learner, precision_settings
 from rapid.roles.startup import build_policy
+from rapid.rollout.opponents import LeagueOpponents
 from rapid.rollout.worker import RolloutSettings, RolloutWorker
 from rapid.run.config_files import load_config
 from rapid.run.matches import PolicyPlayer, play_match
@@ -73,7 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     env = make_env(cfg.env.name, num_games=cfg.env.num_games, seed=cfg.run.seed, options=cfg.env.options)
     bf16, _ = precision_settings(cfg.optimizer.precision, torch.device("cpu"))  # as the optimizer role sets it
     learner = Learner(build_policy(cfg, env.spec), cfg.ppo, bf16=bf16)
-    worker = RolloutWorker(env, build_policy(cfg, env.spec), RolloutSettings.of(cfg, env.spec), seed=cfg.run.seed)
+    opponents = None
+    bots = bot_ids(cfg.league.bots + cfg.league.warmup_bots) if args.bots else []
+    if bots:  # a pool of the config's bots, as the league keeper makes it
+        league = League(LocalStore(tempfile.mkdtemp(prefix="bench_lag-")))
+        league.update(lambda s: ensure_bots(s, bots, 0.0))
+        opponents = LeagueOpponents(league, cfg, env, lambda: build_policy(cfg, env.spec))
+    worker = RolloutWorker(env, build_policy(cfg, env.spec), RolloutSettings.of(cfg, env.spec),
+                           opponents=opponents, seed=cfg.run.seed)
     judge_env = make_env(cfg.env.name, num_games=args.games, seed=cfg.run.seed + 1, options=cfg.env.options)
     batch = cfg.optimizer.batch_samples
     buffer = ExperienceBuffer(4 * args.round_batches * batch, max_staleness=10**9,

@@ -42,6 +42,13 @@ class PPOConfig:
     --settle-updates N` sets it). 0: none."""
     clip: float = 0.2
     """PPO ratio clip."""
+    warmup_updates: int = 0
+    """The run's first updates (counted over the whole run, across --resume) are a warm-up: PPO's ratio is
+    clipped at warmup_clip, and the rollout workers play every game against league.warmup_bots. A fixed opponent
+    is a steady target that larger steps can follow, where self-play's larger steps chase the policy's own last
+    change. 0: no warm-up."""
+    warmup_clip: float = -1.0
+    """PPO's ratio clip through the warm-up (negative: clip)."""
     gae_lambda: float = 0.95
     """GAE's λ: 0 bootstraps from the next value, 1 is the Monte Carlo return; V-trace's traces are λ·min(c̄, π/μ)."""
     off_policy: str = "none"
@@ -109,6 +116,9 @@ class PPOConfig:
         e: list[str] = []
         check_positive(e, "ppo.lr", self.lr)
         check_positive(e, "ppo.clip", self.clip)
+        check_positive(e, "ppo.warmup_updates", self.warmup_updates, allow_zero=True)
+        if self.warmup_clip >= 0:
+            check_positive(e, "ppo.warmup_clip", self.warmup_clip)
         check_unit(e, "ppo.gae_lambda", self.gae_lambda)
         if self.off_policy not in OFF_POLICY:
             e.append(f"ppo.off_policy must be 'none' or 'vtrace' (got {self.off_policy!r})")

@@ -211,6 +211,11 @@ class Learner:
         lr = 0.0 if self.updates < s.settle_until_update else losses.linear_schedule(s.lr, s.lr_final, progress)
         return lr, losses.linear_schedule(s.entropy_coef, s.entropy_final, progress, s.entropy_begin)
 
+    def clip(self) -> float:
+        """PPO's ratio clip for the next update: ``ppo.warmup_clip`` through the warm-up, else ``ppo.clip``."""
+        s = self.ppo
+        return s.warmup_clip if self.updates < s.warmup_updates and s.warmup_clip > 0 else s.clip
+
     def stage(self, batch: Batch) -> Staged:
         """The batch on its way to the learner's device (on CUDA: packed into pinned memory, copied on a side
         stream; :mod:`rapid.opt.pipeline`). ``update`` takes the result as it takes numpy arrays."""
@@ -300,7 +305,7 @@ class Learner:
     def _queue(self, staged: Staged, lr: float, ent_coef: float) -> _Queued:
         """Everything of the update up to its one read, queued on the device: losses, backward passes, the
         collectives, the gradient norm and the checks."""
-        s = self.ppo
+        s, clip = self.ppo, self.clip()
         policy, norm = self.policy, self.policy.obs_norm
         w = staged.whole()  # per-step figures, a small fraction of the observations' bytes
         advantages, returns = self.targets(staged)
@@ -346,7 +351,7 @@ class Learner:
                 reference = torch.where(stored.isnan(), fresh.float(), stored)
                 importance = losses.proximal_weights(reference, b["logp"], s.proximal_rho_bar)
                 references.append(reference)
-            pg, kl = losses.ppo_policy_loss(logp, reference, adv[part], s.clip, wa, total, importance)
+            pg, kl = losses.ppo_policy_loss(logp, reference, adv[part], clip, wa, total, importance)
             vl = losses.value_loss(value, returns[part] / scale, own[part], own_total,
                                    old=b["values"] / scale, clip=s.value_clip)
             ent = losses.masked_mean(entropy, wa, total)

@@ -25,6 +25,7 @@ from rapid.league.state import (
                                 PoolMissing,
                                 PoolState,
                                 Rating,
+                                bot_ids,
                                 ensure_bots,
                                 version_id,
 )
@@ -32,6 +33,6 @@ from rapid.league.state import (
 __all__ = [
     "LATEST", "League", "Member", "OpponentChoice", "OpponentSampler", "PoolConflict",
     "PoolFormatError", "PoolMissing", "PoolState", "Rating", "Tally",
-    "conservative", "ensure_bots", "fold_tally", "rate_games", "rating_of",
+    "bot_ids", "conservative", "ensure_bots", "fold_tally", "rate_games", "rating_of",
     "version_id",
 ]

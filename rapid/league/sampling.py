@@ -8,7 +8,8 @@ otherwise the latest policy with probability ``latest_prob``, or else a past sna
 - ``pfsp`` (AlphaStar): p_i ∝ f(x_i), x_i the learner's win rate against i, f(x) = (1 − x)^power
   ("hard" weighting: focus on the opponents the learner still loses to).
 
-Missing categories (no bots, no snapshots) give their share to the latest policy.
+Missing categories (no bots, no snapshots) give their share to the latest policy. Through the run's warm-up
+(``ppo.warmup_updates``) every game is against a bot of ``warmup_bots`` instead.
 Usage in a rollout worker::
 
     >>> import tempfile
@@ -46,7 +47,7 @@ from rapid.errors import FormatError
 from rapid.formats.params import ParamsObject
 from rapid.infra.store import StoreError
 from rapid.league.pool import League
-from rapid.league.state import Member, PoolState
+from rapid.league.state import Member, PoolState, bot_ids
 from rapid.run.config import LeagueConfig
 
 LATEST = "latest"
@@ -106,10 +107,19 @@ def quality_update(quality: float, probability: float, n_snapshots: int, eta: fl
     return quality - eta / (n_snapshots * max(probability, MIN_UPDATE_PROBABILITY))
 
 
-def opponent_distribution(state: PoolState, config: LeagueConfig, bot_prob: float | None = None) -> dict[str, float]:
+def opponent_distribution(state: PoolState, config: LeagueConfig, bot_prob: float | None = None,
+                          warmup: bool = False) -> dict[str, float]:
     """Every possible opponent of the next game (``LATEST``, snapshot ids, bot ids) with its probability;
-    ``bot_prob`` (the schedule's value now) replaces ``config.bot_prob``."""
-    bots = state.bots()
+    ``bot_prob`` (the schedule's value now) replaces ``config.bot_prob``. In the warm-up (``ppo.warmup_updates``)
+    every game is against ``config.warmup_bots``; outside it those are not drawn unless ``config.bots`` names
+    them too."""
+    warmup_bots = set(bot_ids(config.warmup_bots))
+    warmup_only = warmup_bots - set(bot_ids(config.bots))
+    if warmup:
+        warm = [m for m in state.bots() if m.id in warmup_bots]
+        if warm:
+            return {LATEST: 0.0, **{m.id: 1.0 / len(warm) for m in warm}}
+    bots = [m for m in state.bots() if m.id not in warmup_only]
     past = past_probabilities(state, config)
     bot_share = (config.bot_prob if bot_prob is None else bot_prob) if bots else 0.0
     past_share = (1.0 - bot_share) * (1.0 - config.latest_prob) if past else 0.0
@@ -143,7 +153,9 @@ class OpponentSampler:
         self.state = PoolState()
         self.refresh_errors = 0
         self.bot_prob = config.bot_prob
-        """The share of games against bots now: ``config.bot_prob`` until :meth:`set_bot_prob` moves it."""
+        """The share of games against bots now: ``config.bot_prob`` until :meth:`set_schedule` moves it."""
+        self.warmup = False
+        """Whether the games now are the warm-up's (against ``config.warmup_bots`` only)."""
         self._refreshed_at: float | None = None
         self._ids: list[str] = [LATEST]
         self._cumulative = np.ones(1)
@@ -160,13 +172,18 @@ class OpponentSampler:
             self.refresh_errors += 1
             return
         self.state = state
-        self._draw_from(opponent_distribution(state, self.config, self.bot_prob))
+        self._draw_from(self.distribution_now())
 
-    def set_bot_prob(self, bot_prob: float) -> None:
-        """Draw the next games' opponents with this share against bots (the league.bot_prob schedule's value)."""
-        if bot_prob != self.bot_prob:
-            self.bot_prob = bot_prob
-            self._draw_from(opponent_distribution(self.state, self.config, bot_prob))
+    def set_schedule(self, bot_prob: float, warmup: bool = False) -> None:
+        """Draw the next games' opponents with this share against bots (the league.bot_prob schedule's value),
+        or against the warm-up bots alone while ``warmup``."""
+        if (bot_prob, warmup) != (self.bot_prob, self.warmup):
+            self.bot_prob, self.warmup = bot_prob, warmup
+            self._draw_from(self.distribution_now())
+
+    def distribution_now(self) -> dict[str, float]:
+        """The distribution of the pool as last read, at the schedule's values now."""
+        return opponent_distribution(self.state, self.config, self.bot_prob, self.warmup)
 
     def _draw_from(self, dist: dict[str, float]) -> None:
         self._ids = list(dist)
@@ -174,7 +191,7 @@ class OpponentSampler:
 
     def distribution(self) -> dict[str, float]:
         self.refresh()
-        return opponent_distribution(self.state, self.config, self.bot_prob)
+        return self.distribution_now()
 
     def choose(self, rng: np.random.Generator) -> OpponentChoice:
         """The opponent of the next game (call once per game start)."""

@@ -149,6 +149,15 @@ def add_member(state: PoolState, member: Member) -> PoolState:
     return state
 
 
+def bot_ids(names: list[str]) -> list[str]:
+    """The pool ids of the config's bot names: 'random' and 'bot:random' both name 'bot:random'.
+
+    >>> bot_ids(["random", "bot:lookahead"])
+    ['bot:random', 'bot:lookahead']
+    """
+    return [n if n.startswith("bot:") else f"bot:{n}" for n in names]
+
+
 def ensure_bots(state: PoolState, bots: list[str], now: float) -> PoolState:
     """Scripted bots from the config join the pool (quality 0) if they are not members yet."""
     for name in bots:

@@ -25,7 +25,7 @@ import time
 from rapid.errors import FormatError
 from rapid.formats.params import ParamsObject
 from rapid.infra.store import StoreError
-from rapid.league import League, PoolConflict, Tally, ensure_bots, fold_tally
+from rapid.league import League, PoolConflict, Tally, bot_ids, ensure_bots, fold_tally
 from rapid.roles.startup import setup_logging
 from rapid.run.config import Config
 from rapid.run.store_map import LEGACY_RESULTS_PREFIX
@@ -45,7 +45,7 @@ class LeagueKeeper:
         self._closing = False
         self._wake = threading.Condition()
         # The pool exists from the start (empty if need be): readers of a missing pool list its revisions.
-        bots = [b if b.startswith("bot:") else f"bot:{b}" for b in cfg.league.bots]
+        bots = bot_ids(cfg.league.bots + cfg.league.warmup_bots)
         if bots or not self.league.exists():
             self.league.update(lambda s: ensure_bots(s, bots, clock.time()))
         self._say_if_legacy_results(store)

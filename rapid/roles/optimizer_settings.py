@@ -26,19 +26,21 @@ def run_progress(cfg: Config, elapsed_s: float, updates: int) -> float:
 def version_meta(cfg: Config, updates: int, elapsed_s: float) -> dict:
     """What a published version says besides its weights: its update count, and the team spirit and share of
     games against bots its games are to be played with (the ppo.team_spirit and league.bot_prob schedules at this
-    point of the run's budget).
+    point of the run's budget), and whether they are the warm-up's (ppo.warmup_updates: against
+    league.warmup_bots only).
 
     >>> from rapid.run.config import LeagueConfig, RunConfig
     >>> from rapid.opt.config import PPOConfig
     >>> version_meta(Config(run=RunConfig(updates=100), ppo=PPOConfig(team_spirit=0.3, team_spirit_final=0.8),
     ...                     league=LeagueConfig(bot_prob=0.0, bot_prob_final=0.5, bot_begin=0.5)), 75, 9.0)
-    {'updates': 75, 'team_spirit': 0.675, 'bot_prob': 0.25}
+    {'updates': 75, 'team_spirit': 0.675, 'bot_prob': 0.25, 'warmup': False}
     """
     progress = run_progress(cfg, elapsed_s, updates)
     lg = cfg.league
     return {"updates": updates,
             "team_spirit": linear_schedule(cfg.ppo.team_spirit, cfg.ppo.team_spirit_final, progress),
-            "bot_prob": linear_schedule(lg.bot_prob, lg.bot_prob_final, progress, lg.bot_begin)}
+            "bot_prob": linear_schedule(lg.bot_prob, lg.bot_prob_final, progress, lg.bot_begin),
+            "warmup": updates < cfg.ppo.warmup_updates}
 
 
 def balance_settings(cfg: Config) -> BalanceSettings:

@@ -80,8 +80,9 @@ class LeagueOpponents:
 
     def follow(self, meta: Mapping | None) -> None:
         """New games take the share against bots that the version now played is stamped with (the optimizer's
-        league.bot_prob schedule), or keep the config's."""
-        self.sampler.set_bot_prob(stamped_share(meta, "bot_prob", self.sampler.config.bot_prob))
+        league.bot_prob schedule), or keep the config's, and are the warm-up's while it is stamped so."""
+        self.sampler.set_schedule(stamped_share(meta, "bot_prob", self.sampler.config.bot_prob),
+                                  warmup=(meta or {}).get("warmup") is True)
 
     def choose(self, rng: np.random.Generator) -> Opponent:
         choice = self.sampler.choose(rng)

@@ -220,6 +220,9 @@ class LeagueConfig:
     """The share of the run's budget (0 to 1) through which the bot share stays at bot_prob."""
     bots: list[str] = field(default_factory=list)
     """Scripted bots of the env that join the pool (e.g. ['random', 'lane'])."""
+    warmup_bots: list[str] = field(default_factory=list)
+    """Scripted bots that every game is played against through the warm-up (ppo.warmup_updates), and only then
+    (e.g. ['random'], as RLlib's connect four self-play starts); they join the pool, where they are rated."""
     refresh_s: float = 30.0
     """Seconds between pool re-reads in rollout workers, and between their draws of a new slate."""
     slate_size: int = 2

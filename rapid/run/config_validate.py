@@ -111,9 +111,12 @@ def validate(cfg: Config) -> list[str]:
     _positive(e, "league.max_snapshots", lg.max_snapshots, allow_zero=True)
     if lg.keep_retired < -1:
         e.append(f"league.keep_retired must be -1 (keep all), 0 or more (got {lg.keep_retired})")
-    for bot in lg.bots:
-        if not BOT_NAME.fullmatch(bot.removeprefix("bot:")):
-            e.append(f"league.bots: {bot!r} is not a bot name (A-Z a-z 0-9 . _ -, e.g. 'random')")
+    for key, bots in (("league.bots", lg.bots), ("league.warmup_bots", lg.warmup_bots)):
+        for bot in bots:
+            if not BOT_NAME.fullmatch(bot.removeprefix("bot:")):
+                e.append(f"{key}: {bot!r} is not a bot name (A-Z a-z 0-9 . _ -, e.g. 'random')")
+    if lg.warmup_bots and not cfg.ppo.warmup_updates:
+        e.append("league.warmup_bots are played through the warm-up only: set ppo.warmup_updates > 0")
     _positive(e, "eval.interval_s", cfg.eval.interval_s, allow_zero=True)
     _positive(e, "eval.games", cfg.eval.games)
     if cfg.eval.pool_games < -1:
