@@ -1,14 +1,18 @@
-"""How much a policy lag costs PPO, in decisions: one process, no store, no clock, the lag forced exactly.
+"""How much a policy lag costs PPO, in decisions: one process, no clock, the lag forced exactly.
 
     python benchmarks/bench_lag.py                                   # connect four, no lag
     python benchmarks/bench_lag.py --lag 4                           # the worker acts 4 rounds behind
     python benchmarks/bench_lag.py --lag 4 --set ppo.proximal=first_use
+    python benchmarks/bench_lag.py --lag 4 --bots                    # with the config's warm-up and bot games
 
-rapid's own rollout worker plays (self-play, ``configs/default.toml`` without its bot games unless ``--bots``)
-and rapid's own learner trains, taking turns: each round the worker collects ``--round-batches`` batches of
-fresh samples into a real :class:`rapid.opt.buffer.ExperienceBuffer`, the learner draws ``reuse`` ×
-``round-batches`` batches from it (least-used first, as the optimizer does; the buffer keeps the first use's
-log-probs for ``ppo.proximal = "first_use"``), and the worker then takes the parameters of ``--lag`` rounds ago.
+rapid's own rollout worker plays (self-play, ``configs/default.toml`` without its bot games and warm-up unless
+``--bots``: then against a league pool of the config's ``league.bots`` and ``league.warmup_bots`` in a temporary
+local store, each version stamped as the optimizer stamps it at the schedules' start) and rapid's own learner
+trains, taking turns: each round the worker collects ``--round-batches`` batches of fresh samples into a real
+:class:`rapid.opt.buffer.ExperienceBuffer`, the learner draws ``reuse`` × ``round-batches`` batches from it
+(least-used first, as the optimizer does; the buffer keeps the first use's log-probs for ``ppo.proximal =
+"first_use"``), and the worker then takes the parameters of ``--lag`` rounds ago.
+
 A round is ``reuse × round-batches`` updates (12 by default). A 5-minute run of the shipped config trains about
 14 updates a second at a staleness of about 5 versions, some 45 updates: about ``--lag 4``.
 
@@ -18,7 +22,8 @@ natively, with the shipped ``auto``; ``--set optimizer.precision=fp32`` for floa
 ``--eval-every`` decisions the learner's policy plays ``--games`` sampled games against the random bot (as the
 evaluator does); the script stops at the first round at or above ``--target`` and prints the decisions, updates
 and CPU seconds it took, or gives up after ``--max-decisions``. Each evaluation's line also shows the last
-update's clip fraction (the share of steps whose ratio sits outside PPO's clip, which train nothing). Decisions
+update's clip fraction (the share of steps whose ratio sits outside PPO's clip, which train nothing) and the share
+of the worker's games since the evaluation before that were against bots. Decisions
 are the learner's own (each player's moves), so the figure does not depend on the machine's load.
 """
 
@@ -39,6 +44,7 @@ from rapid.infra.store import LocalStore
 from rapid.league import League, bot_ids, ensure_bots
 from rapid.opt.buffer import ExperienceBuffer
 from rapid.opt.learner import Learner, precision_settings
+from rapid.roles.optimizer_settings import version_meta
 from rapid.roles.startup import build_policy
 from rapid.rollout.opponents import LeagueOpponents
 from rapid.rollout.worker import RolloutSettings, RolloutWorker
@@ -68,7 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        cfg = load_config(args.config, ([] if args.bots else ["league.bot_prob=0"]) + args.overrides)
+        self_play = ["league.bot_prob=0", "ppo.warmup_updates=0", "league.warmup_bots=[]"]
+        cfg = load_config(args.config, ([] if args.bots else self_play) + args.overrides)
     except UsageError as e:
         print(f"bench_lag: {e}", file=sys.stderr)
         return 2
@@ -90,15 +97,20 @@ def main(argv: list[str] | None = None) -> int:
     buffer = ExperienceBuffer(4 * args.round_batches * batch, max_staleness=10**9,
                               keep_reference=cfg.ppo.proximal == "first_use")
     rng = np.random.default_rng(cfg.run.seed)
-    published: deque[dict] = deque(maxlen=args.lag + 1)
+    published: deque[tuple[dict, dict]] = deque(maxlen=args.lag + 1)
     decisions, rounds, next_eval, started = 0, 0, 0, time.process_time()
+    games = {"bot": 0, "all": 0}  # the worker's finished games since the last evaluation
     stats: dict[str, float] = {}
     while decisions < args.max_decisions:
-        published.append(learner.policy.tensors())
-        worker.set_params(rounds, published[0])
+        # Stamped as the optimizer stamps a version (the warm-up, the bot share at the schedules' start).
+        published.append((learner.policy.tensors(), version_meta(cfg, learner.updates, 0.0)))
+        worker.set_params(rounds, *published[0])
         collected = 0
         while collected < args.round_batches * batch:
-            arrays = worker.collect().arrays
+            segment = worker.collect()
+            arrays = segment.arrays
+            games["all"] += len(segment.episodes)
+            games["bot"] += sum(str(e["opponent"]).startswith("bot:") for e in segment.episodes)
             if len(arrays["version"]):
                 buffer.add(arrays)
                 collected += len(arrays["version"])
@@ -115,9 +127,13 @@ def main(argv: list[str] | None = None) -> int:
             score = play_match(judge_env, PolicyPlayer(learner.policy, env.spec, f"r{rounds}"),
                                judge_env.make_bot("random", seed=rounds), args.games, seed=rounds)
             cpu_s = time.process_time() - started
+            bot_share = f"{games['bot'] / games['all']:.0%}" if games["all"] else "-"
             print(f"decisions {decisions:>9,} updates {learner.updates:>5} cpu {cpu_s:6.1f} s "
-                  f"clip fraction {stats.get('clip_fraction', 0.0):.2f} sampled vs random {score.win_rate:.3f}",
+                  f"clip fraction {stats.get('clip_fraction', 0.0):.2f} "
+                  f"games against bots {bot_share} "
+                  f"sampled vs random {score.win_rate:.3f}",
                   flush=True)
+            games = {"bot": 0, "all": 0}
             if score.win_rate >= args.target:
                 print(f"reached {args.target:.0%}: {decisions:,} decisions, {learner.updates} updates, "
                       f"{cpu_s:.1f} CPU-s (lag {args.lag} rounds)")

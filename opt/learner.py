@@ -245,7 +245,8 @@ class Learner:
         if self.proximal is not None and self.updates >= self._proximal_due:
             self.proximal.load_state_dict(self.policy.state_dict())
             self._proximal_due = self.updates + self.ppo.proximal_every
-        queued = self._queue(staged, lr, ent_coef)
+        clip, warmup = self.clip(), self.updates < self.ppo.warmup_updates
+        queued = self._queue(staged, lr, ent_coef, clip)
         draw, self._draw = self._draw, None
         if draw is not None:  # the host draws and packs the next batch while the device trains this one
             ahead = draw()
@@ -264,7 +265,8 @@ class Learner:
         self.adam.zero_grad(set_to_none=True)
         queued.spans["step"].append((queued.step_from, queued.clock.mark()))
         stats = dict(zip((*DIAGNOSTICS, "grad_norm", "explained_variance"), figures[1:]))
-        return {**stats, "entropy_coef": ent_coef, "lr": lr, "skipped": float(not finite),
+        return {**stats, "entropy_coef": ent_coef, "lr": lr, "clip": clip, "warmup": float(warmup),
+                "skipped": float(not finite),
                 "update_s": time.perf_counter() - t0, **self._phase_seconds(queued.clock, queued.spans)}
 
     def _phase_seconds(self, clock: PhaseClock, spans: dict[str, list[tuple[int, int]]]) -> dict[str, float]:
@@ -302,10 +304,10 @@ class Learner:
             returns.append(ret)
         return torch.cat(advantages), torch.cat(returns)
 
-    def _queue(self, staged: Staged, lr: float, ent_coef: float) -> _Queued:
+    def _queue(self, staged: Staged, lr: float, ent_coef: float, clip: float) -> _Queued:
         """Everything of the update up to its one read, queued on the device: losses, backward passes, the
         collectives, the gradient norm and the checks."""
-        s, clip = self.ppo, self.clip()
+        s = self.ppo
         policy, norm = self.policy, self.policy.obs_norm
         w = staged.whole()  # per-step figures, a small fraction of the observations' bytes
         advantages, returns = self.targets(staged)

@@ -31,6 +31,20 @@ def test_it_trains_lagging_rounds_and_evaluates_them(proximal):
     assert "not reached 101%" in out.stdout
 
 
+def bot_shares(out: subprocess.CompletedProcess) -> list[str]:
+    return [line.split("games against bots ")[1].split()[0] for line in out.stdout.splitlines()
+            if line.startswith("decisions") and "games against bots -" not in line]
+
+
+def test_bots_plays_the_configs_warm_up_against_its_bots_and_self_play_without_it():
+    warm = [*TINY, "--games", "10", "--eval-every", "1000", "--max-decisions", "3000", "--target", "1.01",
+            "--set", "ppo.warmup_updates=1000", "--set", 'league.warmup_bots=["random"]']
+    with_bots, without = bench(*warm, "--bots"), bench(*warm)
+    assert with_bots.returncode == 1 and without.returncode == 1, with_bots.stderr + without.stderr
+    assert bot_shares(with_bots) and set(bot_shares(with_bots)) == {"100%"}  # before: the flag did nothing
+    assert bot_shares(without) and set(bot_shares(without)) == {"0%"}
+
+
 def test_bad_input_is_one_line_and_exit_2():
     out = bench("--set", "ppo.proximal=latest")
     assert out.returncode == 2 and "ppo.proximal must be" in out.stderr and "Traceback" not in out.stderr

@@ -115,6 +115,15 @@ def test_the_first_minutes_split_of_a_run_playing_both_modes():
     assert first_minutes([], [], Launch(T0)) == ""
 
 
+def test_the_first_minutes_say_when_the_warm_up_ended():
+    warm = [{**_op(7.3, 1, 0), "warmup": 1.0}, {**_op(7.4, 2, 1), "warmup": 1.0}, {**_op(8.0, 3, 1), "warmup": 0.0}]
+    evals = [e for e in BOTH if "ci_low" in e]
+    assert " · first version 7.4 s · warm-up of 2 updates to 7.4 s · first evaluation" in first_minutes(
+        warm, evals, Launch(T0))
+    assert "warm-up" not in first_minutes(warm[:2], evals, Launch(T0))  # not over yet
+    assert "warm-up" not in first_minutes(OPS, evals, Launch(T0))  # none (or an older log)
+
+
 def test_a_resumed_launch_times_its_own_records():
     """Records from before the launch are the earlier run's; its first version is the first past the store's."""
     before = [_op(-50.0, 1, 40), _eval(-40.0, 40, 0.95, False)]

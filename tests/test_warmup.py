@@ -4,6 +4,8 @@ league.warmup_bots only; then the usual clip and opponents."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -16,8 +18,10 @@ from rapid.league.sampling import opponent_distribution
 from rapid.opt.config import PPOConfig
 from rapid.opt.learner import Learner
 from rapid.roles.optimizer_settings import version_meta
+from rapid.roles.rollout_loop import RolloutLoop
 from rapid.roles.startup import build_policy
 from rapid.rollout.opponents import LeagueOpponents
+from rapid.rollout.uploader import Uploader
 from rapid.rollout.worker import RolloutSettings, RolloutWorker
 from rapid.run.config import Config, EnvConfig, LeagueConfig, ModelConfig, RolloutConfig
 from rapid.run.config_files import load_config
@@ -108,3 +112,31 @@ def test_a_worker_plays_the_warm_up_versions_against_the_warm_up_bots_only(tmp_p
 def test_a_bad_warm_up_is_refused_at_start_up(overrides, field):
     with pytest.raises(UsageError, match=field):
         load_config(None, overrides)
+
+
+class _Worker:
+    version = 0
+
+    def set_params(self, version, tensors, meta=None):
+        self.version = version
+
+
+def test_a_worker_uploads_at_the_warm_ups_interval_while_it_plays_a_warm_up_version(tmp_path):
+    uploader = Uploader(LocalStore(tmp_path), "w0", interval_s=2.0, max_backlog=8)  # not started: no threads
+    loop = RolloutLoop(_Worker(), uploader, None, None, None, 2, 0.0, None, logging.getLogger("t"),
+                       warmup_upload_s=0.5)
+    intervals = []
+    for version, meta in ((1, {"warmup": True}), (2, {"warmup": True}), (3, {"warmup": False}), (4, {}),
+                          (5, {"warmup": 1})):  # an untrustworthy stamp is not the warm-up
+        loop._swap((version, {}, meta))
+        intervals.append(uploader.interval_s)
+    assert intervals == [0.5, 0.5, 2.0, 2.0, 2.0]
+    keeps = RolloutLoop(_Worker(), uploader, None, None, None, 2, 0.0, None, logging.getLogger("t"))
+    keeps._swap((6, {}, {"warmup": True}))  # rollout.warmup_upload_interval_s unset: the uploader's own
+    assert uploader.interval_s == 2.0
+
+
+def test_a_warm_up_upload_interval_must_be_positive():
+    assert load_config(None, ["rollout.warmup_upload_interval_s=0.5"]).rollout.warmup_upload_interval_s == 0.5
+    with pytest.raises(UsageError, match="rollout.warmup_upload_interval_s"):
+        load_config(None, ["rollout.warmup_upload_interval_s=0"])

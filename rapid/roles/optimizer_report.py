@@ -51,6 +51,7 @@ CURVES = {
     "loss/policy": "policy_loss", "loss/value": "value_loss", "loss/entropy": "entropy", "loss/approx_kl": "approx_kl",
     "loss/clip_fraction": "clip_fraction", "loss/grad_norm": "grad_norm",
     "loss/explained_variance": "explained_variance", "schedule/lr": "lr", "schedule/entropy_coef": "entropy_coef",
+    "schedule/clip": "clip",
     "throughput/samples_per_s": "samples_per_s", "throughput/update_s": "update_s", "throughput/wait_s": "wait_s",
     "balance/staleness_mean": "staleness_mean", "balance/staleness_p99": "staleness_p99",
     "balance/sample_reuse": "sample_reuse", "balance/batch": "balance_batch", "samples/received": "samples_received",

@@ -87,8 +87,10 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
                         shards=shards, max_backlog_bytes=cfg.rollout.max_backlog_mb << 20,
                         on_upload=metrics.samples_uploaded, on_failure=metrics.upload_failed,
                         on_drop=metrics.backlog_dropped)
+    warmup_upload_s = cfg.rollout.warmup_upload_interval_s
     loop = RolloutLoop(worker, uploader, poller, RunWatch(store, quiet_s=quiet_s(cfg)), metrics,
-                       spec.num_agents, cfg.rollout.linger_s, stop, log)
+                       spec.num_agents, cfg.rollout.linger_s, stop, log,
+                       warmup_upload_s=warmup_upload_s if warmup_upload_s >= 0 else None)
     poller.start()
     uploader.start()
     log.info("worker %s started: %d games of %s, %s inference, store %s", worker_id, cfg.env.num_games,

@@ -29,10 +29,14 @@ FIRST_PARAMS_POLL_S = 0.2
 
 class RolloutLoop:
     def __init__(self, worker, uploader, poller, watch, metrics, agents_per_game: int, linger_s: float, stop, log,
-                 clock=time):
+                 clock=time, warmup_upload_s: float | None = None):
+        """``warmup_upload_s``: the uploader's interval while the version played is stamped as the warm-up's
+        (rollout.warmup_upload_interval_s; None: the uploader keeps its own throughout)."""
         self.worker, self.uploader, self.poller, self.watch = worker, uploader, poller, watch
         self.metrics, self.agents_per_game, self.linger_s = metrics, agents_per_game, linger_s
         self.stop, self.log, self.clock = stop, log, clock
+        self.upload_intervals = None if warmup_upload_s is None else (warmup_upload_s, uploader.interval_s)
+        """(in the warm-up, after it) seconds between uploads, or None."""
         self.version: int | None = None
         """The version the worker plays (None until the first has arrived)."""
 
@@ -90,6 +94,8 @@ class RolloutLoop:
             self.poller.reject(new[0], self.version, str(e))
             return self.version
         self.version = new[0]
+        if self.upload_intervals is not None:
+            self.uploader.interval_s = self.upload_intervals[0 if (new[2] or {}).get("warmup") is True else 1]
         return self.version
 
     def _linger(self, gone: str):

@@ -74,6 +74,9 @@ class RolloutConfig:
     samples; a worker also plays bptt × samples_per_segment steps between parameter checks."""
     upload_interval_s: float = 60.0
     """Seconds between experience uploads (Rapid: 60)."""
+    warmup_upload_interval_s: float = -1.0
+    """Seconds between experience uploads while the version played is the warm-up's (ppo.warmup_updates), so
+    that the warm-up trains on fresher experience (negative: upload_interval_s)."""
     param_poll_s: float = 5.0
     """Seconds between polls for a newer parameter version."""
     max_backlog: int = 8

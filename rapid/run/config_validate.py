@@ -39,6 +39,8 @@ def validate(cfg: Config) -> list[str]:
     _positive(e, "rollout.bptt", r.bptt)
     _positive(e, "rollout.samples_per_segment", r.samples_per_segment)
     _positive(e, "rollout.upload_interval_s", r.upload_interval_s)
+    if r.warmup_upload_interval_s >= 0:
+        _positive(e, "rollout.warmup_upload_interval_s", r.warmup_upload_interval_s)
     _positive(e, "rollout.param_poll_s", r.param_poll_s)
     _positive(e, "rollout.max_backlog", r.max_backlog)
     _positive(e, "rollout.max_backlog_mb", r.max_backlog_mb)

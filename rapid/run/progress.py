@@ -194,8 +194,9 @@ def evaluation_lines(evals: list[dict]) -> list[str]:
 
 def first_minutes(ops: list[dict], evals: list[dict], launch: Launch) -> str:
     """Where this launch's first minutes went, in seconds since it started: until the optimizer was up
-    (start-up), its first update, its first new version (queued for the store), the first evaluation, and the
-    first evaluation at ``REACHED`` or better in each mode. Parts whose records are missing are left out."""
+    (start-up), its first update, its first new version (queued for the store), the end of the warm-up
+    (ppo.warmup_updates) if it had one and ended, the first evaluation, and the first evaluation at ``REACHED`` or
+    better in each mode. Parts whose records are missing are left out."""
     ops = [o for o in ops if o.get("time", 0.0) >= launch.started]
     evals = [e for e in evals if e.get("time", 0.0) >= launch.started]
     parts = []
@@ -206,6 +207,9 @@ def first_minutes(ops: list[dict], evals: list[dict], launch: Launch) -> str:
     new = None if launch.version is None else next((o for o in ops if o["version"] > launch.version), None)
     if new:
         parts.append(f"first version {_seconds(new['time'] - launch.started)}")
+    warm = [o for o in ops if o.get("warmup")]
+    if warm and not ops[-1].get("warmup"):
+        parts.append(f"warm-up of {warm[-1]['update']} updates to {_seconds(warm[-1]['time'] - launch.started)}")
     if evals:
         first = evals[0]
         twin = [e for e in evals if e["version"] == first["version"] and eval_mode(e) != eval_mode(first)][:1]
