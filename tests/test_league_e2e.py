@@ -59,13 +59,14 @@ def test_opponent_fixed_for_a_whole_game_and_state_reset_at_game_start():
     assert source.chosen == 8 + finished
 
 
-def test_training_plays_bots_on_their_schedule_and_past_opponents_in_the_configured_share(tmp_path):
+def test_training_plays_its_warm_up_then_bots_on_their_schedule_and_past_opponents_in_the_configured_share(tmp_path):
     run = tmp_path / "league"
     rapid("train", "--config", "configs/default.toml", "--run-dir", str(run), "--minutes", "0.5", "--no-progress",
           "--set", "rollout.upload_interval_s=1.0", "--set", "env.num_games=64", "--set", "league.snapshot_every=4",
           "--set", "league.latest_prob=0.7", "--set", "league.refresh_s=1", "--set", "eval.interval_s=10",
           "--set", 'league.bots=["lookahead"]', "--set", "league.bot_prob=0.0", "--set", "league.bot_prob_final=0.4",
-          "--set", "eval.games=60", "--set", "store.retention_s=0", timeout=300)
+          "--set", "eval.games=60", "--set", "store.retention_s=0", "--set", "ppo.warmup_updates=30",
+          "--set", 'league.warmup_bots=["random"]', timeout=300)
     store = LocalStore(run / "store")
     state = League(store).read()
     snapshots = state.snapshots()
@@ -76,6 +77,11 @@ def test_training_plays_bots_on_their_schedule_and_past_opponents_in_the_configu
     shape = Shape(cfg.rollout.bptt, env.spec.obs_dim, env.spec.mask_dim, 1, cfg.model.lstm)
     episodes = [e for key in store.list("experience/")
                 for e in decode_experience(store.get(key), shape).episodes]
+    # The warm-up's 30 updates: every game of its versions against bot:random, and none afterwards (a game that
+    # began in the warm-up may end a few versions later).
+    warm = [e["learner_version"] for e in episodes if e["opponent"] == "bot:random"]
+    after = [e["learner_version"] for e in episodes if e["opponent"] != "bot:random"]
+    assert len(warm) >= 50 and min(after) >= max(warm) - 3, (sorted(warm)[-5:], sorted(after)[:5])
     settled = [e for e in episodes if e["learner_version"] >= snapshots[0].version + 8]
     assert len(settled) >= 300
     # The bot's share rises from none to 0.4 over the 30 s: each version carries the schedule's value to the worker.

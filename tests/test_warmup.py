@@ -93,6 +93,8 @@ def test_a_worker_plays_the_warm_up_versions_against_the_warm_up_bots_only(tmp_p
     policy = build_policy(cfg, env.spec)
     opponents = LeagueOpponents(league, cfg, env, lambda: build_policy(cfg, env.spec))
     worker = RolloutWorker(env, policy, RolloutSettings.of(cfg, env.spec), opponents=opponents, seed=0)
+    worker.set_params(1, policy.tensors(), {"bot_prob": 0.5, "warmup": True})
+    assert {o.id for o in worker.game_opponent} == {"bot:random"}  # the first games too, drawn before v1 came
     seen = []
     for version, warmup in ((1, True), (2, False), (3, "yes")):  # a hostile stamp is not the warm-up
         worker.set_params(version, policy.tensors(), {"bot_prob": 0.5, "warmup": warmup})

@@ -152,9 +152,12 @@ class RolloutWorker:
         """Play ``version`` from now on; its ``meta`` may carry the team spirit to mix rewards with, and the share
         of new games to play against bots."""
         self.inference.set_params(version, tensors)
-        self.version = version
+        first, self.version = self.version < 0, version
         self.team_spirit = stamped_share(meta, "team_spirit", self.settings.team_spirit)
         self.opponents.follow(meta)
+        if first:  # no game has begun: all of them take the opponents the first version says (a warm-up's bots)
+            self.game_opponent = [self.opponents.choose(self.rng) for _ in range(self.B)]
+            self._control = None
 
     def _controllers(self) -> list[tuple[Opponent | None, np.ndarray]]:
         """Who acts for which agent: the rows of every controller (None for the learner). It only changes when a
