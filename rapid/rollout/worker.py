@@ -145,8 +145,12 @@ class RolloutWorker:
         self.decisions = Decisions(self.R, s.segment_steps, s.bptt, spec.obs_dim, spec.mask_dim, self.H,
                                    self.policy.lstm_size)
         self.learner_side = self.rng.integers(0, 2, self.B)
-        self.game_opponent = [self.opponents.choose(self.rng) for _ in range(self.B)]
+        # Before the first version the games' opponents wait for it: it may name them (a warm-up's bots).
+        self.game_opponent = self._draw_opponents() if self.version >= 0 else [Opponent(LATEST)] * self.B
         self._control: list[tuple[Opponent | None, np.ndarray]] | None = None
+
+    def _draw_opponents(self) -> list[Opponent]:
+        return [self.opponents.choose(self.rng) for _ in range(self.B)]
 
     def set_params(self, version: int, tensors: dict[str, np.ndarray], meta: Mapping | None = None) -> None:
         """Play ``version`` from now on; its ``meta`` may carry the team spirit to mix rewards with, and the share
@@ -155,9 +159,8 @@ class RolloutWorker:
         first, self.version = self.version < 0, version
         self.team_spirit = stamped_share(meta, "team_spirit", self.settings.team_spirit)
         self.opponents.follow(meta)
-        if first:  # no game has begun: all of them take the opponents the first version says (a warm-up's bots)
-            self.game_opponent = [self.opponents.choose(self.rng) for _ in range(self.B)]
-            self._control = None
+        if first:  # no game has begun: they take the opponents this version names
+            self.game_opponent, self._control = self._draw_opponents(), None
 
     def _controllers(self) -> list[tuple[Opponent | None, np.ndarray]]:
         """Who acts for which agent: the rows of every controller (None for the learner). It only changes when a
