@@ -111,6 +111,14 @@ class PPOConfig:
     """When the return scale moves, rescale the value head so its outputs in return units stay put (PopArt's
     'preserving outputs')."""
 
+    def in_warmup(self, updates: int) -> bool:
+        """Whether the update after ``updates`` updates (over the whole run) is the warm-up's."""
+        return updates < self.warmup_updates
+
+    def clip_at(self, updates: int) -> float:
+        """PPO's ratio clip of the update after ``updates`` updates: warmup_clip in the warm-up (if set), else clip."""
+        return self.warmup_clip if self.in_warmup(updates) and self.warmup_clip > 0 else self.clip
+
     def errors(self) -> list[str]:
         """Every value error of this section; an empty list means it is usable."""
         e: list[str] = []

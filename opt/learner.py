@@ -213,8 +213,7 @@ class Learner:
 
     def clip(self) -> float:
         """PPO's ratio clip for the next update: ``ppo.warmup_clip`` through the warm-up, else ``ppo.clip``."""
-        s = self.ppo
-        return s.warmup_clip if self.updates < s.warmup_updates and s.warmup_clip > 0 else s.clip
+        return self.ppo.clip_at(self.updates)
 
     def stage(self, batch: Batch) -> Staged:
         """The batch on its way to the learner's device (on CUDA: packed into pinned memory, copied on a side
@@ -245,7 +244,7 @@ class Learner:
         if self.proximal is not None and self.updates >= self._proximal_due:
             self.proximal.load_state_dict(self.policy.state_dict())
             self._proximal_due = self.updates + self.ppo.proximal_every
-        clip, warmup = self.clip(), self.updates < self.ppo.warmup_updates
+        clip, warmup = self.clip(), self.ppo.in_warmup(self.updates)
         queued = self._queue(staged, lr, ent_coef, clip)
         draw, self._draw = self._draw, None
         if draw is not None:  # the host draws and packs the next batch while the device trains this one

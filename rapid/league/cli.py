@@ -38,6 +38,7 @@ from rapid.league.state import (
     PoolState,
     SnapshotConflict,
     add_member,
+    bot_ids,
     check_member_id,
     dump_pool,
     ensure_bots,
@@ -143,7 +144,7 @@ def _ls(args, league: League) -> int:
 
 def _add(args, league: League) -> int:
     if args.bot:
-        bot = args.bot if args.bot.startswith("bot:") else f"bot:{args.bot}"
+        bot = bot_ids([args.bot])[0]
         try:
             check_member_id(bot, "bot")
         except ValueError as e:

@@ -40,7 +40,7 @@ def version_meta(cfg: Config, updates: int, elapsed_s: float) -> dict:
     return {"updates": updates,
             "team_spirit": linear_schedule(cfg.ppo.team_spirit, cfg.ppo.team_spirit_final, progress),
             "bot_prob": linear_schedule(lg.bot_prob, lg.bot_prob_final, progress, lg.bot_begin),
-            "warmup": updates < cfg.ppo.warmup_updates}
+            "warmup": cfg.ppo.in_warmup(updates)}
 
 
 def balance_settings(cfg: Config) -> BalanceSettings:
