@@ -236,7 +236,8 @@ class LookaheadBot(ScriptedBot):
         return out
 
     def _act_connect_four(self, step: StepResult, out: np.ndarray) -> np.ndarray:
-        """The rules above, every active game's board at once."""
+        """The rules above, every active game's board at once: each game's move is drawn uniformly from its first
+        tier with a legal move (random keys, the largest of the tier's kept), with no Python loop over games."""
         rows = np.argwhere(step.active)
         if not len(rows):
             return out
@@ -246,10 +247,12 @@ class LookaheadBot(ScriptedBot):
         tiers = [connect_four_wins(boards, own), connect_four_wins(boards, 3 - own)]
         if self.depth >= 2:
             tiers.append(connect_four_safe(boards, own))
-        for k, (b, i) in enumerate(rows):
-            legal = step.action_mask[b, i, :C4_COLS].astype(bool)
-            for moves in (*(tier[k] & legal for tier in tiers), legal):
-                if moves.any():
-                    out[b, i, 0] = int(self.rng.choice(np.flatnonzero(moves)))
-                    break
+        legal = step.action_mask[rows[:, 0], rows[:, 1], :C4_COLS].astype(bool)
+        moves, open_games = legal.copy(), np.ones(len(rows), dtype=bool)
+        for tier in tiers:
+            found = (tier & legal).any(1) & open_games
+            moves[found], open_games[found] = (tier & legal)[found], False
+        keys = np.where(moves, self.rng.random(moves.shape), -1.0)
+        playable = legal.any(1)
+        out[rows[playable, 0], rows[playable, 1], 0] = keys[playable].argmax(1)
         return out

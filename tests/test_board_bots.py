@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from pettingzoo.classic import connect_four_v3
 
 from rapid.envs.board_bots import (
@@ -111,6 +112,33 @@ def test_connect_four_rules_in_numpy_find_what_the_copies_find():
             positions, threats = positions + 1, threats + bool(wins or blocks)
             game.step(int(rng.choice(legal)))
     assert positions > 1000 and threats > 300, (positions, threats)
+
+
+@pytest.mark.parametrize("name", ["lookahead", "lookahead2"])
+def test_the_bots_vector_play_draws_uniformly_from_the_first_tier_the_copies_find(name):
+    """``LookaheadBot`` on a vector env of connect four (every board at once) against the generic rules on each
+    game (a copy per move): over 150 draws on the same positions, each game's moves are exactly its first
+    non-empty tier among winning, blocking, (safe, at depth 2) and legal moves, every one of them drawn."""
+    env = make_env(C4, num_games=48, seed=0)
+    mover, bot = env.make_bot("random", seed=1), env.make_bot(name, seed=2)
+    step = env.reset(seed=0)
+    for _ in range(9):  # mid-game positions, threats among them
+        step = env.step(mover.act(step))
+    drawn: dict[tuple[int, int], set[int]] = {}
+    for _ in range(150):
+        actions = bot.act(step)
+        for b, i in np.argwhere(step.active):
+            drawn.setdefault((int(b), int(i)), set()).add(int(actions[b, i, 0]))
+    tiers_seen = set()
+    for (b, i), moves in drawn.items():
+        game, agent = env.games[b].unwrapped, env.spec.agent_names[i]
+        legal = np.flatnonzero(step.action_mask[b, i])
+        tiers = [winning_moves(game, agent, legal), blocking_moves(game, agent, legal)]
+        tiers += [safe_moves(game, agent, legal)] if name == "lookahead2" else []
+        first = next((k for k, tier in enumerate(tiers) if tier), len(tiers))
+        assert moves == set(tiers[first] if first < len(tiers) else legal.tolist()), (b, game.board, first)
+        tiers_seen.add(first)
+    assert len(drawn) == 48 and {0, 1} <= tiers_seen, tiers_seen
 
 
 def test_registered_for_board_games_and_beats_random():
