@@ -250,8 +250,9 @@ class LookaheadBot(ScriptedBot):
         legal = step.action_mask[rows[:, 0], rows[:, 1], :C4_COLS].astype(bool)
         moves, open_games = legal.copy(), np.ones(len(rows), dtype=bool)
         for tier in tiers:
-            found = (tier & legal).any(1) & open_games
-            moves[found], open_games[found] = (tier & legal)[found], False
+            tier_moves = tier & legal
+            found = tier_moves.any(1) & open_games
+            moves[found], open_games[found] = tier_moves[found], False
         keys = np.where(moves, self.rng.random(moves.shape), -1.0)
         playable = legal.any(1)
         out[rows[playable, 0], rows[playable, 1], 0] = keys[playable].argmax(1)
