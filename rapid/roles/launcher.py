@@ -34,6 +34,7 @@ from rapid.roles.startup import StopFlag, check_run_dir, log_to_file, open_run_s
 from rapid.rollout.inference import inference_mode
 from rapid.run.config import Config
 from rapid.run.config_files import to_toml
+from rapid.run.ladder_rungs import check_ladder
 from rapid.run.param_store import ParameterStore
 from rapid.run.progress import Launch, Progress, RunLogs, final_summary
 
@@ -149,7 +150,7 @@ def _node_inference(cfg: Config) -> tuple[bool, Config]:
     launcher runs the server itself (and restarts it if it dies), so no worker starts one."""
     import torch
 
-    if inference_mode(cfg.rollout.inference, torch.cuda.is_available()) != "node":
+    if inference_mode(cfg.rollout.inference, torch.cuda.is_available(), usable_cpus()) != "node":
         return False, cfg
     return True, dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, inference_spawn=False))
 
@@ -239,6 +240,7 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_
     ``started``: when the command began (`rapid train` stamps it before its imports), else now; the summary's first
     minutes count from there."""
     launched = time.time() if started is None else started
+    check_ladder(cfg)
     run_dir = prepare_run_dir(cfg, resume)
     launch = _launch(cfg, resume, launched)
     logs = run_dir / "logs"

@@ -19,6 +19,7 @@ from rapid.envs.base import VecMultiAgentEnv
 from rapid.envs.registry import make_env
 from rapid.errors import FormatError
 from rapid.infra.distributed import Identity
+from rapid.infra.identity import usable_cpus
 from rapid.infra.store import BadObject, KeyNotFound, StoreError
 from rapid.league import League
 from rapid.monitoring.metrics import RolloutMetrics
@@ -115,7 +116,7 @@ def build_worker(cfg: Config, seed: int, reads, run_id: str | None
     """The worker, its envs and (under node inference) its connection to the node's server. Local inference: one
     env, the policy on this core. Node inference: the games in ``rollout.inference_lanes`` lanes with an env each,
     every lane deciding through the node's server (started by this worker if none answers)."""
-    if inference_mode(cfg.rollout.inference, torch.cuda.is_available()) == "local":
+    if inference_mode(cfg.rollout.inference, torch.cuda.is_available(), usable_cpus()) == "local":
         env = make_env(cfg.env.name, num_games=cfg.env.num_games, seed=seed, options=cfg.env.options)
         opponents = LeagueOpponents(League(reads), cfg, env, lambda: build_policy(cfg, env.spec))
         return (RolloutWorker(env, build_policy(cfg, env.spec), RolloutSettings.of(cfg, env.spec), opponents,

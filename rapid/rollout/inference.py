@@ -39,15 +39,25 @@ from rapid.opt.model import Policy
 MODES = ("local", "node", "auto")
 
 
-def inference_mode(setting: str, cuda_available: bool) -> str:
-    """``rollout.inference`` as it runs: ``auto`` is ``node`` where a GPU is visible (one batched server keeps it
-    busy; a worker per core would leave it idle), else ``local``.
+# The fewest usable cores for which `auto` runs node inference on a GPU box. From BENCHMARKS.md "Node inference
+# against local" (2026-11-26): a node worker made 1.12x a local worker's agent-steps/s on the H200 box (64 units,
+# 14 workers on 16 cores; 1.03x with 256 units), and the server needs a core of its own (two workers and the server
+# on the 2-core VM lost 34%). With c cores for rollouts, node runs c - 1 workers at 1.12x against local's c:
+# node gains only where (c - 1) * 1.12 > c, i.e. c >= 10. Between 2 and 16 cores nothing was measured.
+NODE_MIN_CORES = 10
 
-    >>> inference_mode("auto", True), inference_mode("auto", False), inference_mode("node", False)
-    ('node', 'local', 'node')
+
+def inference_mode(setting: str, cuda_available: bool, cores: int) -> str:
+    """``rollout.inference`` as it runs on a machine with ``cores`` usable cores: ``auto`` is ``node`` where a GPU is
+    visible and there are at least :data:`NODE_MIN_CORES` cores (the server takes one of them), else ``local``.
+
+    >>> inference_mode("auto", True, 16), inference_mode("auto", True, 2), inference_mode("auto", False, 64)
+    ('node', 'local', 'local')
+    >>> inference_mode("node", False, 2)
+    'node'
     """
     if setting == "auto":
-        return "node" if cuda_available else "local"
+        return "node" if cuda_available and cores >= NODE_MIN_CORES else "local"
     return setting
 
 

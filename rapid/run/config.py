@@ -101,7 +101,8 @@ class RolloutConfig:
     inference: str = "auto"
     """Where the policy runs: 'local' (on each worker's core), 'node' (one inference server per node batches every
     worker's requests, on the node's GPU if it has one, and is the node's only reader of parameters), 'auto' (node
-    where a GPU is visible)."""
+    where a GPU is visible and the worker may use at least 10 cores, one of them the server's; else local:
+    rapid.rollout.inference.NODE_MIN_CORES, from BENCHMARKS.md's node-against-local figures)."""
     inference_lanes: int = 2
     """With node inference: groups a worker's games split into (env.num_games must divide), one stepping while
     another's actions are decided."""
@@ -264,6 +265,17 @@ class EvalConfig:
     the first versions of a run are seen soon (0: interval_s throughout)."""
     early_s: float = 60.0
     """How long the early cadence (early_interval_s) lasts, from the evaluator's start."""
+    ladder: dict[str, float] = field(default_factory=dict)
+    """The strength ladder: opponents that training never meets, each with its fixed rating on one Elo scale
+    (random at 0), e.g. {random = 0, lookahead = 560, "ref:configs/ladder/c4.rpm" = 900}. A rung is a bot of the
+    env or ref:PATH, a frozen reference policy (`rapid export --format reference`). The evaluator rates the newest
+    version against them every ladder_interval_s (`rapid eval --ladder` any version); `rapid eval --ladder
+    --calibrate` measures the rungs' ratings. A rung may not be in league.bots or league.warmup_bots. Empty: none."""
+    ladder_games: int = 200
+    """Games against each rung of the ladder per rating."""
+    ladder_interval_s: float = 60.0
+    """Seconds between ladder ratings in the evaluator, the first this long after it starts (the first seconds'
+    cores are the learner's)."""
 
     @property
     def pool_match_games(self) -> int:
