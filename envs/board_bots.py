@@ -208,7 +208,7 @@ def connect_four_safe(boards: np.ndarray, piece: np.ndarray) -> np.ndarray:
     return (~replies.reshape(n, C4_COLS, C4_COLS).any(-1) | _completes_line(dropped, room, piece)) & room
 
 
-def _is_connect_four(game: Any) -> bool:
+def is_connect_four(game: Any) -> bool:
     return type(game.unwrapped).__module__.endswith("connect_four.connect_four")
 
 
@@ -222,7 +222,7 @@ class LookaheadBot(ScriptedBot):
         self.games, self.spec = games, spec
         self.rng = np.random.default_rng(seed)
         self.fallback = RandomBot(spec, seed + 1)
-        self.connect_four = bool(games) and all(_is_connect_four(g) for g in games)
+        self.connect_four = bool(games) and all(is_connect_four(g) for g in games)
 
     def act(self, step: StepResult) -> np.ndarray:
         out = self.fallback.act(step)

@@ -34,7 +34,8 @@ from rapid.envs.base import (
     head_offsets,
     winner_from_returns,
 )
-from rapid.envs.board_bots import LOOKAHEAD_DEPTHS, LookaheadBot
+from rapid.envs.board_bots import LOOKAHEAD_DEPTHS, LookaheadBot, is_connect_four
+from rapid.envs.c4_search import SEARCH_DEPTHS, SearchBot
 
 
 def load_pettingzoo_module(path: str):
@@ -320,13 +321,18 @@ class PettingZooVecEnv(VecMultiAgentEnv):
 
     def bot_names(self) -> tuple[str, ...]:
         """``random`` for every game; ``lookahead`` and ``lookahead2`` too for turn-based games with one discrete
-        action."""
+        action; ``search2`` and ``search4`` too for connect four (``rapid.envs.c4_search``)."""
         board = not self.parallel and len(self.spec.action_heads) == 1
-        return ("random", *LOOKAHEAD_DEPTHS) if board else ("random",)
+        if not board:
+            return ("random",)
+        c4 = bool(self.games) and all(is_connect_four(g) for g in self.games)
+        return ("random", *LOOKAHEAD_DEPTHS, *(SEARCH_DEPTHS if c4 else ()))
 
     def make_bot(self, name: str, seed: int = 0) -> ScriptedBot:
         if name in LOOKAHEAD_DEPTHS and name in self.bot_names():
             return LookaheadBot(self.games, self.spec, seed, name)
+        if name in SEARCH_DEPTHS and name in self.bot_names():
+            return SearchBot(self.games, self.spec, seed, name)
         return generic_bot(name, self.spec, seed)
 
     def close(self) -> None:
