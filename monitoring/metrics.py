@@ -208,6 +208,11 @@ class EvaluatorMetrics(RoleMetrics):
         self._mu = self._gauge("rapid_rating_mu", "TrueSkill mean of a league member.", ("member",))
         self._sigma = self._gauge("rapid_rating_sigma", "TrueSkill uncertainty of a league member.", ("member",))
         self._games = self._counter("rapid_games_total", "Evaluation games played.")
+        self._ladder = self._gauge("rapid_ladder_rating", "Ladder rating of the latest policy rated (Elo scale, the "
+                                   "random bot at 0), against opponents training never meets.")
+        self._ladder_sigma = self._gauge("rapid_ladder_rating_sigma", "Standard error of rapid_ladder_rating.")
+        self._ladder_win = self._gauge("rapid_ladder_win_rate", "Win rate of the latest policy rated against each "
+                                       "rung of the strength ladder.", ("rung",))
         self._store_metrics()  # the evaluator reads params and writes ratings through the store too
 
     def win_rate(self, opponent: str, x: float) -> None:
@@ -221,6 +226,12 @@ class EvaluatorMetrics(RoleMetrics):
 
     def games(self, n: int) -> None:
         self._games.inc(n)
+
+    def ladder(self, rating: float, sigma: float, win_rates: dict[str, float]) -> None:
+        self._ladder.set(rating)
+        self._ladder_sigma.set(sigma)
+        for rung, x in win_rates.items():
+            self._ladder_win[rung].set(x)
 
 
 class LauncherMetrics(RoleMetrics):

@@ -77,8 +77,20 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--doc", action="store_true", help="every field with its type, value, default and doc")
 
-    p = sub.add_parser("eval", help="play a params version against a baseline and print the win rate")
-    _run_dir_arg(p, required=True)
+    p = sub.add_parser("eval", help="play a params version against a baseline, or rate it on the strength ladder",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n"
+                              "  rapid eval --run-dir runs/c4 --against bot:lookahead --games 1000 --greedy\n"
+                              "  rapid eval --run-dir runs/c4 --ladder                  # the run's eval.ladder\n"
+                              "  rapid eval --run-dir runs/c4 --ladder configs/default.toml   # another config's\n"
+                              "  rapid eval --ladder configs/default.toml --calibrate --games 400   # rungs' ratings")
+    _run_dir_arg(p)
+    p.add_argument("--ladder", nargs="?", const="", metavar="CONFIG",
+                   help="rate the version on the strength ladder (eval.ladder) of the run's config, or of CONFIG: its "
+                        "games against every rung and one rating on the ladder's scale (random at 0)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="with --ladder: play every pair of rungs --games games and print the rungs' ratings as the "
+                        "config's [eval.ladder] table (no run needed)")
     p.add_argument("--version", default="latest", help="params version: latest, 12 or v12 (default latest)")
     p.add_argument("--against", default="random", help="a bot name (random, lane…) or a version (default random)")
     p.add_argument("--games", type=int, default=200, help="games to play (default 200)")
@@ -182,6 +194,10 @@ def cmd_eval(args) -> int:
 
     if args.games < 1:
         raise UsageError("--games must be at least 1")
+    if args.ladder is not None or args.calibrate:
+        from rapid.run.ladder import eval_ladder
+
+        return eval_ladder(args)
     cfg = run_dir_config(args.run_dir, args.set)
     params = ParameterStore(open_run_store(cfg))
     env = make_env(cfg.env.name, num_games=batch_size(args.games), seed=args.seed, options=cfg.env.options)

@@ -22,11 +22,13 @@ def add_parsers(sub, run_dir_arg: Callable) -> None:
                     "see rapid/agents/export.py).",
         epilog="examples:\n"
                "  rapid export --run-dir runs/c4 --format torchscript --out c4.pt\n"
-               "  rapid export --run-dir runs/moba --version v120 --format onnx --out moba.onnx")
+               "  rapid export --run-dir runs/moba --version v120 --format onnx --out moba.onnx\n"
+               "  rapid export --run-dir runs/c4 --format reference --out configs/ladder/c4-mine.rpm")
     run_dir_arg(p, required=True)
     p.add_argument("--version", default="latest", help="params version: latest, 12 or v12 (default latest)")
-    p.add_argument("--format", choices=("torchscript", "onnx"), default="torchscript",
-                   help="torchscript (runs with torch alone) or onnx (with onnxruntime alone); default torchscript")
+    p.add_argument("--format", choices=("torchscript", "onnx", "reference"), default="torchscript",
+                   help="torchscript (runs with torch alone), onnx (with onnxruntime alone) or reference (a frozen "
+                        "policy for a strength ladder: eval.ladder's ref:PATH); default torchscript")
     p.add_argument("--out", required=True, help="the file to write")
 
     p = sub.add_parser("play", help="play connect four, tictactoe… against a run's policy in the terminal")
@@ -51,7 +53,17 @@ def cmd_export(args) -> int:
     from rapid.agents.export import describe_file, export_policy
     from rapid.api import load_policy
 
-    path = export_policy(load_policy(args.run_dir, args.version), args.format, args.out)
+    trained = load_policy(args.run_dir, args.version)
+    if args.format == "reference":
+        from rapid.run.ladder_rungs import write_reference
+
+        path = write_reference(args.out, trained.model.tensors(), trained.config, trained.version,
+                               note=f"{args.run_dir} v{trained.version}")
+        print(f"wrote {path}: v{trained.version} of {trained.config.run.name} ({trained.env_name}) as a ladder "
+              f"reference; add it to a config's [eval.ladder] as \"ref:{path}\" (rapid eval --ladder --calibrate "
+              "rates it)")
+        return 0
+    path = export_policy(trained, args.format, args.out)
     print(describe_file(path))
     return 0
 

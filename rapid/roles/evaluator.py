@@ -19,6 +19,7 @@ from rapid.monitoring.metrics import EvaluatorMetrics
 from rapid.roles.curves import open_curves
 from rapid.roles.startup import JsonlLog, StopFlag, build_policy, open_run_store, setup_logging, start_metrics
 from rapid.run.config import Config, EvalConfig
+from rapid.run.ladder import Ladder
 from rapid.run.matches import MatchScore, PolicyPlayer, batch_size, load_policy, play_match
 from rapid.run.param_store import ParameterStore
 from rapid.run.run_watch import RunWatch, quiet_s
@@ -38,9 +39,11 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
     pool_games = cfg.eval.pool_match_games
     pool_env = make_env(cfg.env.name, num_games=batch_size(pool_games), seed=cfg.run.seed + 99992,
                         options=cfg.env.options) if pool_games else None
+    ladder = open_ladder(cfg)
     out = JsonlLog(f"{cfg.derive().run_dir}/logs/eval.jsonl")
     curves = open_curves(cfg.derive().run_dir, "evaluator", cfg.run.name, cfg.metrics.tensorboard, cfg.metrics.wandb)
     last, rounds, evaluator_started = -1, 0, time.time()
+    laddered_at = evaluator_started  # the first rating after ladder_interval_s: the first seconds are the learner's
     watch, version_at, asked = RunWatch(store, quiet_s(cfg)), time.time(), False
     while not stop:
         round_s = 0.0
@@ -61,7 +64,10 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
                 metrics.win_rate("pool", res.win_rate)
                 out.write({"version": version, "opponent": member, "games": res.games, "wins": res.wins,
                            "losses": res.losses, "draws": res.draws, "win_rate": res.win_rate, **rating})
-            if rating:
+            if ladder is not None and time.time() - laddered_at >= cfg.eval.ladder_interval_s:
+                laddered_at = time.time()
+                rating.update(_play_ladder(cfg, ladder, policy, version, rounds, metrics, out, log))
+            if rating.get("rating") is not None:
                 metrics.rating(version_id(version), rating["rating"], rating["rating_sigma"])
             if curves is not None:
                 curves.scalars({**{curve_tag(cfg.eval.opponent, mode): s.win_rate for mode, s in scores.items()},
@@ -78,6 +84,8 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
         interval_s = eval_interval_s(cfg.eval, time.time() - evaluator_started)
         stop.wait(eval_wait_s(interval_s, round_s, cfg.eval.core_share))
     env.close()
+    if ladder is not None:
+        ladder.env.close()
     if pool_env is not None:
         pool_env.close()
     out.close()
@@ -112,6 +120,31 @@ def _play_baseline(cfg: Config, env, policy, version: int, rounds: int, league: 
                    "eval_s": time.time() - started, **(rating if rated else {})})
         log.info(result.line(f"v{version}{' greedy' if mode == 'greedy' else ''}", cfg.eval.opponent))
     return scores, rating
+
+
+def open_ladder(cfg: Config) -> Ladder | None:
+    """The strength ladder on an env of its own (``eval.ladder``; None without one)."""
+    if not cfg.eval.ladder:
+        return None
+    env = make_env(cfg.env.name, num_games=batch_size(cfg.eval.ladder_games), seed=cfg.run.seed + 99993,
+                   options=cfg.env.options)
+    return Ladder.build(cfg.eval.ladder, cfg, env)
+
+
+def _play_ladder(cfg: Config, ladder: Ladder, policy, version: int, rounds: int, metrics: EvaluatorMetrics,
+                 out: JsonlLog, log) -> dict:
+    """The version against every rung of the ladder, in the rated mode of ``eval.play``: logged, exported, and
+    returned as curves (``ladder_rating``, ``ladder_sigma``)."""
+    greedy = cfg.eval.modes[0] == "greedy"
+    result = ladder.play(PolicyPlayer(policy, ladder.env.spec, f"v{version}", greedy=greedy),
+                         cfg.eval.ladder_games, seed=cfg.run.seed + 7 * rounds)
+    out.write(result.record(version, greedy))
+    metrics.ladder(result.estimate.rating, result.estimate.sigma, {k: s.win_rate for k, s in result.scores.items()})
+    metrics.games(sum(s.games for s in result.scores.values()))
+    for line in result.lines(f"v{version}"):
+        log.info(line)
+    return {"ladder_rating": result.estimate.rating, "ladder_sigma": result.estimate.sigma,
+            **{f"ladder_win_rate/{k}": s.win_rate for k, s in result.scores.items()}}
 
 
 def curve_tag(opponent: str, mode: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import re
 from typing import TYPE_CHECKING
 
@@ -128,6 +129,7 @@ def validate(cfg: Config) -> list[str]:
         e.append(f"eval.play must be 'sampled', 'greedy' or 'both' (got {cfg.eval.play!r})")
     _positive(e, "eval.early_interval_s", cfg.eval.early_interval_s, allow_zero=True)
     _positive(e, "eval.early_s", cfg.eval.early_s, allow_zero=True)
+    e += ladder_errors(cfg)
     _positive(e, "store.max_attempts", cfg.store.max_attempts)
     _positive(e, "store.retention_s", cfg.store.retention_s, allow_zero=True)
     if not 0 <= cfg.metrics.base_port < 65536:
@@ -136,4 +138,25 @@ def validate(cfg: Config) -> list[str]:
         e.append(f"metrics.wandb must be '', 'offline' or 'online' (got {cfg.metrics.wandb!r})")
     elif cfg.metrics.wandb and importlib.util.find_spec("wandb") is None:
         e.append(f"metrics.wandb = {cfg.metrics.wandb!r} needs the wandb package: pip install 'rapid[wandb]'")
+    return e
+
+
+def ladder_errors(cfg: Config) -> list[str]:
+    """The strength ladder's errors: ratings that are not finite numbers, malformed rungs, and any rung that
+    training meets (a figure against an opponent the run trained on measures nothing)."""
+    e: list[str] = []
+    _positive(e, "eval.ladder_games", cfg.eval.ladder_games)
+    _positive(e, "eval.ladder_interval_s", cfg.eval.ladder_interval_s)
+    trained = {b.removeprefix("bot:") for b in (*cfg.league.bots, *cfg.league.warmup_bots)}
+    for key, rating in cfg.eval.ladder.items():
+        if not isinstance(rating, (int, float)) or isinstance(rating, bool) or not math.isfinite(rating):
+            e.append(f"eval.ladder: the rating of {key!r} must be a finite number (got {rating!r})")
+        if key.startswith("ref:"):
+            if not key[4:]:
+                e.append(f"eval.ladder: {key!r} names no reference file (ref:PATH)")
+        elif not BOT_NAME.fullmatch(key.removeprefix("bot:")):
+            e.append(f"eval.ladder: {key!r} is neither a bot name nor ref:PATH")
+        elif key.removeprefix("bot:") in trained:
+            e.append(f"eval.ladder: {key!r} is also a training opponent (league.bots or league.warmup_bots): "
+                     "a ladder rung must be one that training never meets")
     return e

@@ -42,6 +42,11 @@ def baseline_evals(run_dir: Path, mode: str | None = None) -> list[dict]:
             if is_baseline(e) and mode in (None, eval_mode(e))]
 
 
+def is_ladder(record: dict) -> bool:
+    """A rating on the strength ladder (``eval.ladder``)."""
+    return "ladder_rating" in record
+
+
 def by_mode(evals: list[dict]) -> dict[str, list[dict]]:
     """Baseline evaluations by mode, 'sampled' first, each oldest first; modes not played are left out."""
     modes = {mode: [e for e in evals if eval_mode(e) == mode] for mode in MODES}
@@ -73,6 +78,10 @@ class RunLogs:
                 break
         return {mode: last[mode] for mode in MODES if mode in last}
 
+    def last_ladder(self) -> dict | None:
+        """The newest rating on the strength ladder."""
+        return next((e for e in reversed(self._evals.rows) if is_ladder(e)), None)
+
     def last_eval(self, mode: str) -> dict | None:
         """The newest evaluation against the baseline played in ``mode``."""
         return self.last_evals().get(mode)
@@ -93,7 +102,27 @@ def status_line(logs: RunLogs, elapsed: float, window_s: float = 30.0) -> str:
     last = logs.last_evals()
     if last:
         text += " | " + _win_text(last)
+    ladder = logs.last_ladder()
+    if ladder:
+        text += f" | ladder {ladder_text(ladder)}"
     return text
+
+
+def ladder_text(record: dict) -> str:
+    """'812 ± 41 (v30)': a ladder rating, its standard error and the version rated."""
+    return f"{record['ladder_rating']:.0f} ± {record['ladder_sigma']:.0f} (v{record['version']})"
+
+
+def ladder_lines(evals: list[dict]) -> list[str]:
+    """The last ladder rating with its games against each rung, and the best."""
+    rows = [e for e in evals if is_ladder(e)]
+    if not rows:
+        return []
+    last, top = rows[-1], max(rows, key=lambda r: r["ladder_rating"])
+    rungs = ", ".join(f"{k} {v['win_rate']:.0%}" for k, v in last["ladder"].items())
+    mode = "greedy" if last.get("greedy") else "sampled"
+    return [f"  ladder rating      : {ladder_text(last)}, {mode}: {rungs}",
+            f"  best ladder rating : {ladder_text(top)}"]
 
 
 def _win_text(last: dict[str, dict]) -> str:
@@ -171,6 +200,7 @@ def final_summary(run_dir: Path, reason: str, elapsed: float, exit_code: int | N
         if split:
             lines.append(f"  first minutes      : {split}")
     lines += evaluation_lines(evals)
+    lines += ladder_lines(read_jsonl(run_dir / "logs" / "eval.jsonl"))
     report = _write_report(run_dir)
     if report:
         lines.append(f"  plots              : {report}")
