@@ -4,7 +4,7 @@ The ladder needs an opponent clearly stronger than ``lookahead2`` that training 
 cheaper ``search2``) searches every move sequence ``depth`` plies deep (7^depth leaves a board, no pruning: the
 whole tree of every game is a few numpy arrays, one level at a time). A move that completes a line of four scores
 ``WIN`` plus the plies left (a sooner win scores more); a full board is a draw (0). A leaf scores, for the player
-to move there: a win when it has a playable winning cell (one more ply, free), a loss when the opponent has two
+to move there: a draw when the board is full, a win when it has a playable winning cell (one more ply, free), a loss when the opponent has two
 (or one with another of its winning cells right above it), else a weighted count of open lines (the lines of four
 with no opposing piece) holding three and two of each player's pieces, of its winning cells, and of its pieces in
 the centre column. The bot plays a best-scoring move at the root, ties broken by its seeded generator.
@@ -127,7 +127,8 @@ def leaf_score(mine: np.ndarray, theirs: np.ndarray) -> np.ndarray:
     forced = their_cells & playable
     lost = (_count(forced) >= 2) | ((forced & (their_cells >> _ONE)) != 0)
     score = np.where(lost, -WIN, score)
-    return np.where((my_cells & playable) != 0, WIN, score)
+    score = np.where((my_cells & playable) != 0, WIN, score)
+    return np.where(filled == BOARD, 0, score)  # a full board: a draw
 
 
 def move_scores(mine: np.ndarray, theirs: np.ndarray, depth: int) -> np.ndarray:
