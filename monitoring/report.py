@@ -148,6 +148,34 @@ def _plot_league(path: Path, rows: list[dict], notes: list[str]) -> bool:
     return True
 
 
+def _plot_ladder(path: Path, rows: list[dict]) -> bool:
+    """The strength ladder's rating (± its standard error) and the win rate against each rung, by time or version."""
+    rows = [r for r in rows if _number(r.get("ladder_rating")) is not None]
+    if not rows:
+        return False
+    x_key, x_label, x0 = _x_axis(rows)
+    scale = 60.0 if x_key == "time" else 1.0
+    xs = [(float(r[x_key]) - x0) / scale for r in rows]
+    mu = [float(r["ladder_rating"]) for r in rows]
+    sigma = [float(r.get("ladder_sigma", 0.0)) for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.6), squeeze=False)
+    axes[0, 0].plot(xs, mu, marker=".", linewidth=1)
+    axes[0, 0].fill_between(xs, [m - s for m, s in zip(mu, sigma)], [m + s for m, s in zip(mu, sigma)], alpha=0.2)
+    axes[0, 0].set(title="ladder rating (random = 0)", xlabel=x_label)
+    for rung in sorted({k for r in rows for k in r.get("ladder", {})}):
+        points = [(x, r["ladder"][rung].get("win_rate")) for x, r in zip(xs, rows) if rung in r.get("ladder", {})]
+        axes[0, 1].plot([x for x, _ in points], [y for _, y in points], marker=".", linewidth=1, label=rung)
+    axes[0, 1].set(title="win rate against each rung", xlabel=x_label, ylim=(-0.02, 1.02))
+    axes[0, 1].legend(fontsize=8)
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    fig.suptitle("Strength ladder (opponents training never meets)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
 def write_report(run_dir: str | os.PathLike, out_dir: str | os.PathLike) -> list[Path]:
     """Write the PNG plots and a ``report.md`` index (with notes on skipped plots); returns the files written."""
     logs = Path(run_dir) / "logs"
@@ -171,6 +199,8 @@ def write_report(run_dir: str | os.PathLike, out_dir: str | os.PathLike) -> list
         notes.append(f"no evaluation records in {eval_path}: skipped win rate")
     elif _plot_league(out / "win_rate.png", eval_rows, notes):
         written.append(out / "win_rate.png")
+    if _plot_ladder(out / "ladder.png", eval_rows):
+        written.append(out / "ladder.png")
 
     lines = [f"# rapid report: {Path(run_dir).name}", ""]
     lines += [f"![{p.stem}]({p.name})" for p in written]
