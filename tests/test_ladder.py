@@ -95,6 +95,12 @@ def test_train_refuses_a_ladder_rung_in_league_bots(tmp_path):
     assert not (tmp_path / "r").exists()  # refused before anything started
 
 
+def test_an_empty_table_clears_the_configs_ladder_so_a_curriculum_may_use_its_bots():
+    cfg = load_config("configs/default.toml", ["eval.ladder={}", 'league.bots=["lookahead"]', "league.bot_prob=0.5"])
+    assert cfg.eval.ladder == {} and cfg.league.bots == ["lookahead"]
+    assert load_config("configs/default.toml", ["eval.ladder.lookahead=500"]).eval.ladder["lookahead"] == 500
+
+
 def test_bad_ratings_and_names_are_reported_together():
     with pytest.raises(UsageError) as e:
         load_config(None, ['eval.ladder={random = nan, "../x" = 1, "ref:" = 2}', "eval.ladder_games=0"])

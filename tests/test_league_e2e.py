@@ -66,7 +66,7 @@ def test_training_plays_its_warm_up_then_bots_on_their_schedule_and_past_opponen
           "--set", "league.latest_prob=0.7", "--set", "league.refresh_s=1", "--set", "eval.interval_s=10",
           "--set", 'league.bots=["lookahead"]', "--set", "league.bot_prob=0.0", "--set", "league.bot_prob_final=0.4",
           "--set", "eval.games=60", "--set", "store.retention_s=0", "--set", "ppo.warmup_updates=30",
-          "--set", 'league.warmup_bots=["random"]', timeout=300)
+          "--set", 'league.warmup_bots=["random"]', "--set", "eval.ladder={}", timeout=300)
     store = LocalStore(run / "store")
     state = League(store).read()
     snapshots = state.snapshots()

@@ -16,6 +16,8 @@ def test_dashboard_queries_return_data_from_a_real_run(tmp_path, prometheus):
         "--set", f'run.name="{RUN}"', "--set", "rollout.upload_interval_s=1.0", "--set", "env.num_games=32",
         "--set", "eval.interval_s=3", "--set", "eval.games=40", "--set", "optimizer.batch_samples=64",
         "--set", "league.snapshot_every=5", "--set", 'league.bots=["random"]', "--set", "league.bot_prob=0.2",
+        "--set", "eval.ladder={}", "--set", "eval.ladder.lookahead2=615", "--set", "eval.ladder_interval_s=3",
+        "--set", "eval.ladder_games=20",
         "--set", "league.refresh_s=2", "--set", "rollout.inference=node", log=tmp_path / "train.log")
     try:
         def targets():

@@ -97,9 +97,10 @@ def build_config(data: dict[str, Any]) -> Config:
 
 
 def _merge(base: dict, extra: dict) -> dict:
+    """``extra`` over ``base``, tables merged key by key; an empty table clears one (``--set eval.ladder={}``)."""
     out = dict(base)
     for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        if isinstance(value, dict) and value and isinstance(out.get(key), dict):
             out[key] = _merge(out[key], value)
         else:
             out[key] = value
