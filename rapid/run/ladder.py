@@ -21,6 +21,7 @@ Usage::
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -43,6 +44,14 @@ def load_reference(path: str, cfg: Config, env: VecMultiAgentEnv):
         return build_policy(ref_cfg, env.spec, obj.tensors)
     except (ValueError, RuntimeError) as e:
         raise UsageError(f"ladder reference {path} does not fit this game's observations or actions ({e})") from None
+
+
+def _reference_player(policy, spec, name: str, seed: int) -> Player:
+    return PolicyPlayer(policy, spec, name)  # it samples from its own generator (torch's): the seed is the bots'
+
+
+def _bot_player(env: VecMultiAgentEnv, name: str, seed: int) -> Player:
+    return env.make_bot(name, seed)
 
 
 @dataclass
@@ -86,9 +95,9 @@ class Ladder:
                 except UsageError as e:
                     errors.append(str(e))
                     continue
-                players[name] = lambda seed, p=policy, n=name: PolicyPlayer(p, env.spec, n)
+                players[name] = functools.partial(_reference_player, policy, env.spec, name)
             elif name in env.bot_names():
-                players[name] = lambda seed, n=name: env.make_bot(n, seed)
+                players[name] = functools.partial(_bot_player, env, name)
             else:
                 errors.append(f"eval.ladder: {name!r} is not a bot of {cfg.env.name} ({', '.join(env.bot_names())})")
             ratings[name] = rating
