@@ -1,7 +1,7 @@
 """A depth-limited negamax bot for connect four, every active game's tree at once in numpy (``search4``).
 
 The ladder needs an opponent clearly stronger than ``lookahead2`` that training never meets. ``search4`` (and the
-cheaper ``search2``) searches every move sequence ``depth`` plies deep (7^depth leaves a board, no pruning: the
+cheaper ``search2`` and ``search1``, rungs between ``lookahead2`` and it) searches every move sequence ``depth`` plies deep (7^depth leaves a board, no pruning: the
 whole tree of every game is a few numpy arrays, one level at a time). A move that completes a line of four scores
 ``WIN`` plus the plies left (a sooner win scores more); a full board is a draw (0). A leaf scores, for the player
 to move there: a win when it has a playable winning cell (one more ply, free), a loss when the opponent has two (or
@@ -31,7 +31,7 @@ import numpy as np
 
 from rapid.envs.base import EnvSpec, RandomBot, ScriptedBot, StepResult
 
-SEARCH_DEPTHS = {"search2": 2, "search4": 4}
+SEARCH_DEPTHS = {"search1": 1, "search2": 2, "search4": 4}
 """The search bots by name, and how many plies each searches."""
 
 ROWS, COLS, H = 6, 7, 7  # H: bits a column (its rows and an empty one above)

@@ -321,7 +321,7 @@ class PettingZooVecEnv(VecMultiAgentEnv):
 
     def bot_names(self) -> tuple[str, ...]:
         """``random`` for every game; ``lookahead`` and ``lookahead2`` too for turn-based games with one discrete
-        action; ``search2`` and ``search4`` too for connect four (``rapid.envs.c4_search``)."""
+        action; ``search1``, ``search2`` and ``search4`` too for connect four (``rapid.envs.c4_search``)."""
         board = not self.parallel and len(self.spec.action_heads) == 1
         if not board:
             return ("random",)
