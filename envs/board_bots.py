@@ -10,10 +10,10 @@ the same rules on every game's board at once in numpy (a step of 32 games, the e
 faster; BENCHMARKS.md). ``lookahead`` beats a random player in about 19 games of 20 at connect four.
 
 Connect four also has ``search1``, ``search2`` and ``search4`` (``rapid.envs.c4_search``, ladder opponents training
-never meets): a negamax search 1, 2 or 4 plies deep with a heuristic leaf (open lines of two and three, winning cells, the
-centre column), every game's tree at once on bitboards. ``search4`` won 981, lost 12 and drew 7 of 1,000 games
-against ``lookahead2`` and 483 against 124 losses (393 draws) against ``search2``; ``search2`` won 984 of 1,000
-against ``lookahead2``; ``search1`` won 374 of 400 against ``lookahead2`` and 56 of 400 against ``search2``.
+never meets): a negamax search 1, 2 or 4 plies deep with a heuristic leaf (open lines of two and three, winning
+cells, the centre column), every game's tree at once on bitboards. ``search4`` won 981, lost 12 and drew 7 of 1,000
+games against ``lookahead2`` and 483 against 124 losses (393 draws) against ``search2``; ``search2`` won 984 of
+1,000 against ``lookahead2``; ``search1`` won 374 of 400 against ``lookahead2`` and 56 of 400 against ``search2``.
 
 Usage::
 

@@ -1,13 +1,14 @@
 """A depth-limited negamax bot for connect four, every active game's tree at once in numpy (``search4``).
 
 The ladder needs an opponent clearly stronger than ``lookahead2`` that training never meets. ``search4`` (and the
-cheaper ``search2`` and ``search1``, rungs between ``lookahead2`` and it) searches every move sequence ``depth`` plies deep (7^depth leaves a board, no pruning: the
-whole tree of every game is a few numpy arrays, one level at a time). A move that completes a line of four scores
-``WIN`` plus the plies left (a sooner win scores more); a full board is a draw (0). A leaf scores, for the player
-to move there: a win when it has a playable winning cell (one more ply, free), a loss when the opponent has two (or
-one with another of its winning cells right above it), else a weighted count of open lines (the lines of four with
-no opposing piece) holding three and two of each player's pieces, of its winning cells, and of its pieces in the
-centre column. The bot plays a best-scoring move at the root, ties broken by its seeded generator.
+cheaper ``search2`` and ``search1``, rungs between ``lookahead2`` and it) searches every move sequence ``depth``
+plies deep (7^depth leaves a board, no pruning: the whole tree of every game is a few numpy arrays, one level at a
+time). A move that completes a line of four scores ``WIN`` plus the plies left (a sooner win scores more); a full
+board is a draw (0). A leaf scores, for the player to move there: a win when it has a playable winning cell (one
+more ply, free), a loss when the opponent has two (or one with another of its winning cells right above it), else a
+weighted count of open lines (the lines of four with no opposing piece) holding three and two of each player's
+pieces, of its winning cells, and of its pieces in the centre column. The bot plays a best-scoring move at the root,
+ties broken by its seeded generator.
 
 Boards are bitboards (uint64): column ``c`` holds bits ``7c`` (bottom row) to ``7c + 5`` (top), bit ``7c + 6`` is
 always empty, so a shift by 1, 7, 6 or 8 steps along a column, a row or a diagonal and never wraps onto the board.
