@@ -259,7 +259,7 @@ def win_rate(name0: str, name1: str, games: int, seed: int = 0) -> float:
 
 def test_bot_strength_ordering() -> None:
     env = MobaVecEnv(num_games=1)
-    assert env.bot_names() == ("random", "idle", "lane")
+    assert env.bot_names() == ("random", "idle", "lane", "focus", "push")
     with pytest.raises(KeyError):
         env.make_bot("nope")
     assert win_rate("lane", "random", 100) >= 0.95

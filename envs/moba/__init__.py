@@ -19,7 +19,8 @@ Also here: ``rapid.envs.moba.pz.MobaParallelEnv`` (PettingZoo view of one game) 
 Every other :class:`MobaConfig` field (reward weights ``reward_win``, ``reward_kill``, ``reward_death``,
 ``reward_last_hit``, ``reward_deny``, ``reward_tower_damage``, ``reward_tower_kill``, ``reward_structure_hp``,
 ``reward_gold``, ``reward_xp``; unit stats; wave timing) is an option too.
-Scripted bots: ``random``, ``idle``, ``lane``.
+Scripted bots (``make_bot``): ``random``, ``idle``, ``lane`` (:mod:`rapid.envs.moba.bots`) and the team strategies
+``focus`` and ``push`` (:mod:`rapid.envs.moba.strategies`), a ladder: ``push`` beats ``focus`` beats ``lane``.
 """
 
 from rapid.envs.moba.config import MobaConfig

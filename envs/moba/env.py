@@ -99,7 +99,7 @@ class MobaVecEnv(VecMultiAgentEnv):
         return self._result(rewards, terminated, truncated, episodes)
 
     def bot_names(self) -> tuple[str, ...]:
-        return ("random", "idle", "lane")
+        return ("random", "idle", "lane", "focus", "push")
 
     def make_bot(self, name: str, seed: int = 0) -> ScriptedBot:
         return make_bot(self, name, seed)
