@@ -223,10 +223,13 @@ class LeagueConfig:
     bot_begin: float = 0.0
     """The share of the run's budget (0 to 1) through which the bot share stays at bot_prob."""
     bots: list[str] = field(default_factory=list)
-    """Scripted bots of the env that join the pool (e.g. ['random', 'lane'])."""
+    """Scripted bots of the env that join the pool as training opponents (e.g. ['random', 'lane']): an opt-in
+    curriculum; every shipped config is self-play only. A bot trained against may not be a rung of eval.ladder, and
+    a win rate against it says nothing of strength."""
     warmup_bots: list[str] = field(default_factory=list)
     """Scripted bots that every game is played against through the warm-up (ppo.warmup_updates), and only then
-    (e.g. ['random'], as RLlib's connect four self-play starts); they join the pool, where they are rated."""
+    (e.g. ['random'], as RLlib's connect four self-play starts); they join the pool, where they are rated. An opt-in
+    curriculum, like bots: a warm-up bot may not be a rung of eval.ladder."""
     refresh_s: float = 30.0
     """Seconds between pool re-reads in rollout workers, and between their draws of a new slate."""
     slate_size: int = 2
