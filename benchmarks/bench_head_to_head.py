@@ -6,7 +6,9 @@ through rapid's own match (:func:`rapid.run.matches.play_match`, half the games 
 
     python benchmarks/bench_head_to_head.py RUN_A RUN_B [--games 1000] [--seed 9001] [--greedy-a] [--greedy-b]
 
-Either side may be one of the game's bots instead (``bot:lookahead2``); two bots need ``--env``::
+Either side may be a frozen reference policy file (``rapid export --format reference``, a ladder's ``ref:PATH``, e.g.
+``configs/ladder/connect4-selfplay-5min.rpm``) or one of the game's bots instead (``bot:lookahead2``); two bots
+need ``--env``::
 
     python benchmarks/bench_head_to_head.py bot:lookahead2 bot:lookahead --env pettingzoo.classic.connect_four_v3
 
@@ -32,8 +34,8 @@ BOT = "bot:"
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("run_a", help="run directory of player A, or bot:NAME")
-    p.add_argument("run_b", help="run directory of player B (the same game), or bot:NAME")
+    p.add_argument("run_a", help="run directory of player A, a reference policy file, or bot:NAME")
+    p.add_argument("run_b", help="run directory of player B (the same game), a reference policy file, or bot:NAME")
     p.add_argument("--env", help="the game, where both players are bots (env.name)")
     p.add_argument("--version-a", default="latest")
     p.add_argument("--version-b", default="latest")

@@ -112,7 +112,8 @@ class TrainedPolicy:
 def load_policy(source: str | os.PathLike, version: int | str = "latest", *, config: Config | str | None = None,
                 env: str | None = None) -> TrainedPolicy:
     """A published version of a run. ``source`` is a run directory, or a store URL (``s3://bucket/run``, a
-    store folder) with ``config`` (the run's TOML, or a Config) saying its env and model. With ``env``, a
+    store folder) with ``config`` (the run's TOML, or a Config) saying its env and model, or a frozen reference
+    file (``rapid export --format reference``: a strength ladder's ``ref:PATH``). With ``env``, a
     run of another game is refused; a version whose shape does not fit the run's model (one from before a
     surgery) is refused too. Errors are UsageError, one line."""
     from rapid.roles.startup import env_spec, open_run_store
@@ -120,6 +121,8 @@ def load_policy(source: str | os.PathLike, version: int | str = "latest", *, con
     from rapid.run.matches import resolve_version
     from rapid.run.param_store import ParameterStore
 
+    if config is None and Path(source).is_file():
+        return load_reference(source, env)
     cfg = source_config(source, config)
     if env is not None and env != cfg.env.name:
         raise UsageError(f"{source} plays {cfg.env.name}, not {env}")
@@ -127,6 +130,22 @@ def load_policy(source: str | os.PathLike, version: int | str = "latest", *, con
     number = resolve_version(params, str(version))
     spec = env_spec(cfg)
     return TrainedPolicy(load_version(cfg, spec, params, number), spec, cfg, number)
+
+
+def load_reference(path: str | os.PathLike, env: str | None = None) -> TrainedPolicy:
+    """A frozen reference policy file as a TrainedPolicy (its version is the one it was exported from)."""
+    from rapid.roles.startup import build_policy, env_spec
+    from rapid.run.ladder_rungs import reference_config
+
+    obj, cfg = reference_config(path)
+    if env is not None and env != cfg.env.name:
+        raise UsageError(f"{path} plays {cfg.env.name}, not {env}")
+    spec = env_spec(cfg)
+    try:
+        model = build_policy(cfg, spec, obj.tensors)
+    except (ValueError, RuntimeError) as e:
+        raise UsageError(f"{path}: its weights do not fit its game ({e})") from None
+    return TrainedPolicy(model, spec, cfg, obj.version)
 
 
 def source_config(source: str | os.PathLike, config: Config | str | os.PathLike | None = None) -> Config:

@@ -176,6 +176,20 @@ def test_a_reference_of_another_game_or_shape_is_refused(tmp_path):
         load_reference(str(path), other, env)
 
 
+def test_a_reference_file_loads_on_its_own_as_a_trained_policy(tmp_path):
+    import rapid
+
+    _, policy, path = _policy_file(tmp_path)
+    trained = rapid.load_policy(path)
+    assert trained.version == 42 and trained.env_name == "pettingzoo.classic.connect_four_v3"
+    assert all((trained.model.tensors()[k] == v).all() for k, v in policy.tensors().items())
+    with pytest.raises(UsageError, match="not moba"):
+        rapid.load_policy(path, env="moba")
+    (tmp_path / "junk.rpm").write_bytes(b"junk")
+    with pytest.raises(UsageError, match="not a reference policy file"):
+        rapid.load_policy(tmp_path / "junk.rpm")
+
+
 def test_rung_names():
     assert rung_name("bot:lane") == "lane" and rung_name("ref:a/b/c4-5min.rpm") == "ref:c4-5min"
 

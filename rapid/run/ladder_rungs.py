@@ -10,6 +10,7 @@ the working directory, as ``--config`` is.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -69,6 +70,22 @@ def read_reference(path: str | Path, cfg: Config) -> tuple[ParamsObject, Config]
     except (TypeError, ValueError, KeyError) as e:
         raise UsageError(f"ladder reference {path}: its model settings are unreadable ({e})") from None
     return obj, dataclasses.replace(cfg, model=model, ppo=dataclasses.replace(cfg.ppo, obs_clip=obs_clip))
+
+
+def reference_config(path: str | Path) -> tuple[ParamsObject, Config]:
+    """A reference file's weights and a config of its own game and model (for a reference on its own, as
+    ``rapid.load_policy`` and bench_head_to_head play it)."""
+    from rapid.run.config_files import load_config
+
+    try:
+        meta = decode_params(Path(path).read_bytes()).meta
+    except (OSError, FormatError) as e:
+        raise UsageError(f"{path}: not a reference policy file ({e})") from None
+    if meta.get("kind") != REFERENCE_KIND or not isinstance(meta.get("env"), str):
+        raise UsageError(f"{path}: not a reference policy file (write one with rapid export --format reference)")
+    cfg = load_config(None, [f"env.name={json.dumps(meta['env'])}"])
+    cfg.env.options = dict(meta.get("env_options", {}))
+    return read_reference(path, cfg)
 
 
 def check_ladder(cfg: Config) -> None:
