@@ -143,7 +143,8 @@ def test_the_bots_vector_play_draws_uniformly_from_the_first_tier_the_copies_fin
 
 def test_registered_for_board_games_and_beats_random():
     env = make_env(C4, num_games=100, seed=0)
-    assert env.bot_names() == ("random", "lookahead", "lookahead2", "search1", "search2", "search4")  # search: test_c4_search
+    # the search bots: tests/test_c4_search.py
+    assert env.bot_names() == ("random", "lookahead", "lookahead2", "search1", "search2", "search4")
     bot = make_player("bot:lookahead", Config(), env, params=None, seed=1)
     assert isinstance(bot, LookaheadBot) and bot.connect_four
     result = play_match(env, bot, env.make_bot("random", seed=2), games=200, seed=0)

@@ -25,6 +25,11 @@ def test_moba_1v1_beats_random_after_a_minute(tmp_path):
     print(out.stdout)
     win_rate = float(out.stdout.split("win rate ")[1].split()[0])
     assert win_rate >= 0.8, out.stdout
+    # Its rating on the config's ladder (bots it never met; random at 0) stands clear of random's.
+    rated = rapid("eval", "--run-dir", str(run), "--ladder", "--games", "40", "--seed", "4242", timeout=420)
+    print(rated.stdout)
+    rating, sigma = (float(x) for x in rated.stdout.split("ladder rating ")[1].split()[::2][:2])
+    assert "vs focus: won" in rated.stdout and rating - 2 * sigma > 0, rated.stdout
 
 
 def test_structure_hp_reward_tracks_the_time_limit_win_condition():
