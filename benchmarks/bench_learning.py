@@ -1,6 +1,7 @@
 """Learning strength from the shipped configs, measured as a user would: `rapid train`, then `rapid eval`.
 
-    python benchmarks/bench_learning.py c4                 # connect four, 5 min: greedy vs random and lookahead
+    python benchmarks/bench_learning.py c4                 # connect four, 5 min: greedy vs bots it never met,
+                                                           # head to head vs the reference, the ladder rating
     python benchmarks/bench_learning.py league             # the same run with past opponents (20% of games)
     python benchmarks/bench_learning.py moba --seeds 0 1 2 # moba 1v1, 20 min a seed: first minute ≥ 70% vs lane
     python benchmarks/bench_learning.py moba-3v3           # moba 3v3, 20 min a seed (≥ 70%); moba-5v5: 60 min (≥ 60%)
@@ -101,13 +102,40 @@ def tactics(run_dir: Path, games: int) -> str:
             f"{count['blocks']} needed blocks (greedy, {games} games against the lookahead bot)")
 
 
+def ladder_rating(run_dir: Path, games: int) -> str:
+    """The latest version's rating on its config's ladder (opponents it never met), ``games`` games a rung."""
+    out = subprocess.run(RAPID + ["eval", "--run-dir", str(run_dir), "--ladder", "--games", str(games), "--seed",
+                                  "9001"], check=True, capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def rung_times(run_dir: Path, started: float, target: float) -> str:
+    """When the evaluator's ladder rounds first saw ``target`` or more against each rung, in minutes of training."""
+    rows = [json.loads(line) for line in (run_dir / "logs" / "eval.jsonl").read_text().splitlines() if line]
+    rows = [r for r in rows if "ladder_rating" in r]
+    if not rows:
+        return "no ladder rounds"
+    firsts = []
+    for rung in rows[-1]["ladder"]:
+        hit = next((r for r in rows if r["ladder"].get(rung, {}).get("win_rate", 0.0) >= target), None)
+        firsts.append(f"{rung} {(hit['time'] - started) / 60:.1f} min" if hit else f"{rung} never")
+    return f"first ≥ {target:.0%} in the evaluator's ladder rounds: " + ", ".join(firsts)
+
+
+REFERENCE = "configs/ladder/connect4-selfplay-5min.rpm"
+
+
 def bench_c4(out: Path, minutes: float, games: int, name: str, overrides: list[str]) -> None:
     run = out / name
     print(f"[{name}] training connect four {minutes:g} min ({load()}) {' '.join(overrides)}", flush=True)
     train("configs/default.toml", run, minutes, overrides)
     print(f"[{name}] trained ({load()})", flush=True)
-    for against in ("bot:random", "bot:lookahead"):
+    for against in ("bot:random", "bot:lookahead", "bot:lookahead2"):  # opponents the shipped config never meets
         print(f"[{name}] {evaluate(run, against, games)} ({load()})", flush=True)
+    h2h = subprocess.run([sys.executable, str(Path(__file__).with_name("bench_head_to_head.py")), str(run), REFERENCE,
+                          "--games", str(games)], check=True, capture_output=True, text=True)
+    print(f"[{name}] head to head, sampled: {h2h.stdout.strip()}", flush=True)
+    print(f"[{name}] {ladder_rating(run, 200)} (sampled, 200 games a rung)", flush=True)
     print(f"[{name}] {tactics(run, 300)}", flush=True)
 
 
@@ -177,6 +205,7 @@ def bench_moba(out: Path, what: str, minutes: float | None, games: int, seeds: l
         if greedy:
             print(f"[{what} seed {seed}] greedy curve vs lane: {greedy}")
         print(f"[{what} seed {seed}] {throughput(run)}")
+        print(f"[{what} seed {seed}] {rung_times(run, started, target)}; {ladder_rating(run, 50)} (50 games a rung)")
         print(f"[{what} seed {seed}] first ≥ {target:.0%} vs lane at {first and first[0]} min"
               f"{first and greedy_at(run, first[1], 'lane') or ''}; {base_kills(run)}; "
               f"final: {evaluate(run, 'bot:lane', games)} ({load()})", flush=True)
