@@ -122,7 +122,7 @@ def load_policy(source: str | os.PathLike, version: int | str = "latest", *, con
     from rapid.run.param_store import ParameterStore
 
     if config is None and Path(source).is_file():
-        return load_reference(source, env)
+        return load_reference(Path(source), env)
     cfg = source_config(source, config)
     if env is not None and env != cfg.env.name:
         raise UsageError(f"{source} plays {cfg.env.name}, not {env}")
@@ -137,7 +137,7 @@ def load_reference(path: str | os.PathLike, env: str | None = None) -> TrainedPo
     from rapid.roles.startup import build_policy, env_spec
     from rapid.run.ladder_rungs import reference_config
 
-    obj, cfg = reference_config(path)
+    obj, cfg = reference_config(Path(path))
     if env is not None and env != cfg.env.name:
         raise UsageError(f"{path} plays {cfg.env.name}, not {env}")
     spec = env_spec(cfg)
