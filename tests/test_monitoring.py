@@ -57,6 +57,7 @@ def drive(roles: dict, n: int) -> None:
     if n % 11 == 0:
         o.nonfinite_skipped(), o.bad_object("decode"), o.store_error("list")
     e.win_rate("pool", 0.5), e.rating("v00001", 25.0 + n * 0.01, 3.0), e.rating("v00002", 24.0, 4.0), e.games(2)
+    e.ladder(500.0 + n, 20.0, {"lookahead": 0.6})
     l.processes_alive("rollout", 2), l.processes_alive("optimizer", 1)
     if n == 3:
         l.restart("rollout")
