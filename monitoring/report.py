@@ -139,13 +139,7 @@ def _plot_league(path: Path, rows: list[dict], notes: list[str]) -> bool:
         if len(sigma) == len(mu):
             ax.fill_between(xs, [m - s for m, s in zip(mu, sigma)], [m + s for m, s in zip(mu, sigma)], alpha=0.2)
         ax.set(title="rating", xlabel=x_label)
-    for ax in axes.flat:
-        ax.grid(alpha=0.3)
-    fig.suptitle("League")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    return _finish(fig, axes, "League", path)
 
 
 def _plot_ladder(path: Path, rows: list[dict]) -> bool:
@@ -167,9 +161,14 @@ def _plot_ladder(path: Path, rows: list[dict]) -> bool:
         axes[0, 1].plot([x for x, _ in points], [y for _, y in points], marker=".", linewidth=1, label=rung)
     axes[0, 1].set(title="win rate against each rung", xlabel=x_label, ylim=(-0.02, 1.02))
     axes[0, 1].legend(fontsize=8)
+    return _finish(fig, axes, "Strength ladder (opponents training never meets)", path)
+
+
+def _finish(fig, axes, title: str, path: Path) -> bool:
+    """Grid every panel, title the figure, write it to ``path`` and close it."""
     for ax in axes.flat:
         ax.grid(alpha=0.3)
-    fig.suptitle("Strength ladder (opponents training never meets)")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -78,12 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--doc", action="store_true", help="every field with its type, value, default and doc")
 
     p = sub.add_parser("eval", help="play a params version against a baseline, or rate it on the strength ladder",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="examples:\n"
-                              "  rapid eval --run-dir runs/c4 --against bot:lookahead --games 1000 --greedy\n"
-                              "  rapid eval --run-dir runs/c4 --ladder                  # the run's eval.ladder\n"
-                              "  rapid eval --run-dir runs/c4 --ladder configs/default.toml   # another config's\n"
-                              "  rapid eval --ladder configs/default.toml --calibrate --games 400   # rungs' ratings")
+                       epilog="e.g. rapid eval --run-dir runs/c4 --ladder; rapid eval --ladder configs/default.toml "
+                              "--calibrate --games 400")
     _run_dir_arg(p)
     p.add_argument("--ladder", nargs="?", const="", metavar="CONFIG",
                    help="rate the version on the strength ladder (eval.ladder) of the run's config, or of CONFIG: its "
