@@ -204,6 +204,10 @@ class NoLoader:
     def take_tally() -> Tally:
         return Tally()
 
+    @staticmethod
+    def mark_soon() -> None:
+        """Nothing was loaded: nothing to note at a checkpoint."""
+
 
 class NoStore:
     @staticmethod

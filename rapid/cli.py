@@ -48,6 +48,16 @@ def _run_dir_arg(p: argparse.ArgumentParser, required: bool = False) -> None:
                    help="run directory (its config.toml and store are used)")
 
 
+def _resume(text: str) -> str:
+    if text != "auto":
+        raise argparse.ArgumentTypeError(f"takes no value or 'auto' (got {text!r})")
+    return text
+
+
+def _resume_arg(p: argparse.ArgumentParser, text: str) -> None:
+    p.add_argument("--resume", nargs="?", const=True, default=False, type=_resume, metavar="auto", help=text)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse with its errors as one line (usage stays in --help), exit code 2; subcommands inherit it."""
 
@@ -67,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=float, help="stop after this many minutes (run.minutes)")
     p.add_argument("--updates", type=int, help="stop after this many optimizer updates (run.updates)")
     p.add_argument("--workers", type=int, help="rollout worker processes (run.num_workers)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
+    _resume_arg(p, "continue the run in --run-dir from its newest checkpoint; --resume auto: continue it if "
+                   "--run-dir holds one, else start it")
     p.add_argument("--no-progress", action="store_true", help="no live progress line")
     p.add_argument("--in-process", action="store_true",
                    help="the same roles as threads of this one process (for a debugger and fast tests)")
@@ -104,28 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(role, help=text)
         _config_args(p)
         if role == "optimizer":
-            p.add_argument("--resume", action="store_true", help="continue from the store's last checkpoint")
+            _resume_arg(p, "continue from the store's newest checkpoint; --resume auto: continue if the store "
+                           "holds this run, start it if the store holds none (what a restarted job runs)")
         if role == "rollout":
             p.add_argument("--worker-id",
                            help="worker name (default: RAPID_WORKER_ID, else w<MPI/Slurm rank>, else w<pid>)")
             p.add_argument("--seed", type=int, help="worker seed (default: run.seed and the worker's rank)")
-
-    p = sub.add_parser(
-        "replay", help="write an animated GIF of one moba match", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Play one moba game, the first PLAYER on side 0 (blue, left), and write it as an animated GIF.",
-        epilog="examples:\n"
-               "  rapid replay lane random --out lane-vs-random.gif\n"
-               "  rapid replay --run-dir runs/moba-3v3 latest lane --greedy --frame-every 2 --out team.gif")
-    _run_dir_arg(p)
-    p.add_argument("players", nargs=2, metavar="PLAYER",
-                   help="bot name (random, idle, lane), or with --run-dir a params version (latest, 120, v120)")
-    p.add_argument("--out", default="replay.gif", help="output GIF (default replay.gif)")
-    p.add_argument("--seed", type=int, default=0, help="game and bot seed (default 0)")
-    p.add_argument("--max-steps", type=int, help="stop after this many steps (default: the game's time limit)")
-    p.add_argument("--greedy", action="store_true", help="policies play their most likely action (default: sample)")
-    p.add_argument("--frame-every", type=int, default=1, metavar="K",
-                   help="draw every K-th step (default 1; 2 or 3 keep a long game's GIF small)")
-    p.add_argument("--fps", type=float, default=10.0, help="frames per second of the GIF (default 10)")
 
     agent_cli.add_parsers(sub, _run_dir_arg)
 
@@ -159,17 +154,22 @@ def load(args: argparse.Namespace, extra: Sequence[str] = ()):
 
 
 def cmd_train(args) -> int:
-    from rapid.roles.launcher import fresh_run_dir, run_train
+    from rapid.roles.launcher import fresh_run_dir, holds_run, run_train
 
     extra = [f"run.{k}={v}" for k, v in (("minutes", args.minutes), ("updates", args.updates),
                                          ("num_workers", args.workers)) if v is not None]
-    if args.resume:
+    resume = args.resume
+    if resume == "auto":
+        if not args.run_dir:
+            raise UsageError("--resume auto needs --run-dir: the run to continue, or to start there")
+        resume = holds_run(Path(args.run_dir))
+    if resume:
         cfg = run_dir_config(args.run_dir, [*args.set, *extra])
     else:
         cfg = load(args, extra + ([f'run.dir="{args.run_dir}"'] if args.run_dir else []))
         if not cfg.run.dir:  # no directory asked for: a fresh one, never someone's earlier run
             cfg.run.dir = fresh_run_dir(cfg.run.name)
-    return run_train(cfg, resume=args.resume, show_progress=not args.no_progress,
+    return run_train(cfg, resume=resume, show_progress=not args.no_progress,
                      in_process=args.in_process, started=INVOKED).exit_code
 
 
@@ -256,43 +256,6 @@ def cmd_role(args) -> int:
         return code
 
 
-def cmd_replay(args) -> int:
-    from rapid.agents.replay import write_replay
-    from rapid.envs.moba import MobaVecEnv
-    from rapid.roles.startup import open_run_store
-    from rapid.run.matches import make_player
-    from rapid.run.param_store import ParameterStore
-
-    cfg = run_dir_config(args.run_dir) if args.run_dir else load(argparse.Namespace(config=None, set=["env.name=moba"]))
-    if cfg.env.name != "moba":
-        raise UsageError(f"rapid replay draws moba games; this run plays {cfg.env.name}")
-    env = MobaVecEnv(num_games=1, seed=args.seed, **cfg.env.options)
-    bots = env.bot_names()
-    if not args.run_dir and any(p not in bots for p in args.players):
-        raise UsageError(f"without --run-dir only bots can play ({', '.join(bots)})")
-    if args.frame_every < 1 or args.fps <= 0:
-        raise UsageError("rapid replay: --frame-every must be ≥ 1 and --fps > 0")
-    players = list(args.players)
-    if args.run_dir:
-        params = ParameterStore(open_run_store(cfg))
-        players = [p if p in bots else make_player(p, cfg, env, params, seed=args.seed, greedy=args.greedy)
-                   for p in players]
-    result = write_replay(cfg.env.options, players, args.out, seed=args.seed, max_steps=args.max_steps,
-                          fps=args.fps, frame_every=args.frame_every)
-    print(f"wrote {args.out}: {args.players[0]} vs {args.players[1]}, {replay_outcome(result, args.players)}")
-    return 0
-
-
-def replay_outcome(result, players: list[str]) -> str:
-    """How a replayed game ended, in words: who won and whether the base fell or the clock ran out."""
-    if result is None:
-        return "cut at --max-steps"
-    how = "at the time limit" if result.truncated else "before the time limit"
-    if result.winner < 0:
-        return f"a draw {how} after {result.length} steps"
-    return f"won by {players[result.winner]} {how} after {result.length} steps"
-
-
 def cmd_report(args) -> int:
     from rapid.monitoring.report import write_report
 
@@ -366,7 +329,7 @@ def cmd_surgery(args) -> int:
 
 
 COMMANDS = {"train": cmd_train, "config": cmd_config, "eval": cmd_eval, "optimizer": cmd_role,
-            "rollout": cmd_role, "evaluator": cmd_role, "inference": cmd_role, "replay": cmd_replay,
+            "rollout": cmd_role, "evaluator": cmd_role, "inference": cmd_role,
             "report": cmd_report, **agent_cli.COMMANDS,
             "monitor": cmd_monitor, "league": cmd_league, "surgery": cmd_surgery}
 

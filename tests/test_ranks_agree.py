@@ -114,7 +114,7 @@ def make_rank(rank: int, size: int, cfg, store, backlog: int = 0):
     learner, rec = Learner(clock), Recorder()
     lead = rank == 0
     writer = BackgroundWriter(start=False) if lead else None
-    loader = SimpleNamespace(failure=None, stats=SimpleNamespace(objects=1), take_tally=Tally)
+    loader = SimpleNamespace(failure=None, stats=SimpleNamespace(objects=1), take_tally=Tally, mark_soon=lambda: None)
     parts = Parts(learner, Buffer(backlog), loader, writer, params=rec, league=rec if lead else None, report=rec,
                   tensors=lambda: {"w": np.zeros(1, np.float32)},
                   checkpoint=lambda v: Checkpoint(v, learner.updates, {"w": np.zeros(1, np.float32)},

@@ -150,6 +150,10 @@ class ExperienceLoader:
         self.downloads.shutdown(wait=False, cancel_futures=True)
         self.decoder.close()
 
+    def mark_soon(self) -> None:
+        """Note this rank's progress at the next poll, not ``mark_s`` after the last note (at a checkpoint)."""
+        self._next_mark = -float("inf")
+
     def take_episodes(self) -> list[dict]:
         """Finished games loaded since the last call (for metrics)."""
         with self._lock:

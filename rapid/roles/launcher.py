@@ -3,6 +3,9 @@
 The launcher starts the optimizer, N rollout workers and the evaluator as child processes of their own
 (so Ctrl-C reaches only the launcher, which then stops them in order: workers first, the optimizer last,
 after its final checkpoint). Children also get SIGTERM if the launcher itself dies, so none is orphaned.
+A role that dies is restarted: a worker, the inference server or the evaluator at once, the optimizer from its
+newest checkpoint (``--resume auto``) after a back-off, at most ``run.max_restarts`` times in a row
+(:mod:`rapid.roles.restarts`); the other roles keep running meanwhile.
 
 With ``in_process`` (`rapid train --in-process`) the same role mains run as threads of the launcher's process
 instead, sharing one stop flag, their logs in ``logs/in-process.log``, experience decoded inline (no decode
@@ -30,6 +33,8 @@ from rapid.errors import FormatError, UsageError
 from rapid.infra.identity import usable_cpus
 from rapid.infra.store import StoreError
 from rapid.monitoring.metrics import LauncherMetrics
+from rapid.roles.restarts import RestartPolicy
+from rapid.roles.start_point import Resume
 from rapid.roles.startup import StopFlag, check_run_dir, log_to_file, open_run_store, rollout_seed, start_metrics
 from rapid.rollout.inference import inference_mode
 from rapid.run.config import Config
@@ -37,6 +42,7 @@ from rapid.run.config_files import to_toml
 from rapid.run.ladder_rungs import check_ladder
 from rapid.run.param_store import ParameterStore
 from rapid.run.progress import Launch, Progress, RunLogs, final_summary
+from rapid.run.restart_summary import Death
 
 PR_SET_PDEATHSIG = 1
 
@@ -132,9 +138,15 @@ def default_workers() -> int:
     return max(1, usable_cpus() - 1)
 
 
+def holds_run(run_dir: Path) -> bool:
+    """Whether a run directory's local store holds a run (published parameters)."""
+    params = run_dir / "store" / "params"
+    return params.is_dir() and any(params.iterdir())
+
+
 def prepare_run_dir(cfg: Config, resume: bool) -> Path:
     run_dir = Path(cfg.derive().run_dir)
-    has_params = (run_dir / "store" / "params").is_dir() and any((run_dir / "store" / "params").iterdir())
+    has_params = holds_run(run_dir)
     if resume and not has_params:
         raise UsageError(f"--resume: {run_dir} holds no run to resume")
     if not resume and has_params:
@@ -155,12 +167,15 @@ def _node_inference(cfg: Config) -> tuple[bool, Config]:
     return True, dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, inference_spawn=False))
 
 
-def _processes(cfg: Config, run_dir: Path, resume: bool, workers: int, seed_offset: int, stop: StopFlag):
-    """The optimizer, then the node's inference server (node inference), the rollout workers and the evaluator,
-    as child processes."""
+def _processes(cfg: Config, run_dir: Path, workers: int, seed_offset: int, stop: StopFlag):
+    """The optimizer (a function of how it starts: a restart resumes), then the node's inference server (node
+    inference), the rollout workers and the evaluator, as child processes."""
     config_path, logs = str(run_dir / "config.toml"), run_dir / "logs"
-    optimizer = Child("optimizer", ["optimizer", "--config", config_path] + (["--resume"] if resume else []),
-                      logs / "optimizer.log")
+
+    def optimizer(resume: Resume) -> Child:
+        how = {False: [], True: ["--resume"], "auto": ["--resume", "auto"]}[resume]
+        return Child("optimizer", ["optimizer", "--config", config_path, *how], logs / "optimizer.log")
+
     node, _ = _node_inference(cfg)
     servers = [Child("inference", ["inference", "--config", config_path], logs / "inference.log")] if node else []
     no_spawn = ["--set", "rollout.inference_spawn=false"] if node else []
@@ -171,8 +186,9 @@ def _processes(cfg: Config, run_dir: Path, resume: bool, workers: int, seed_offs
     return optimizer, servers, rollouts, evaluator
 
 
-def _threads(cfg: Config, run_dir: Path, resume: bool, workers: int, seed_offset: int, stop: StopFlag):
-    """The same roles as threads of this process, each running its role main with the shared stop flag."""
+def _threads(cfg: Config, run_dir: Path, workers: int, seed_offset: int, stop: StopFlag):
+    """The same roles as threads of this process, each running its role main with the shared stop flag but the
+    optimizer, whose flag is its own (one that fails sets it, and must not stop the others while it restarts)."""
     from rapid.roles.evaluator import run_evaluator
     from rapid.roles.inference import run_inference_server
     from rapid.roles.optimizer import run_optimizer
@@ -182,7 +198,10 @@ def _threads(cfg: Config, run_dir: Path, resume: bool, workers: int, seed_offset
     log_to_file(log)
     # One process means one: the optimizer decodes experience inline instead of in worker processes.
     cfg = dataclasses.replace(cfg, optimizer=dataclasses.replace(cfg.optimizer, decode_workers=0))
-    optimizer = ThreadRole("optimizer", lambda: run_optimizer(cfg, resume=resume, stop=stop), log, stop)
+
+    def optimizer(resume: Resume) -> ThreadRole:
+        flag = StopFlag(install_signals=False)
+        return ThreadRole("optimizer", lambda: run_optimizer(cfg, resume=resume, stop=flag), log, flag)
     node, worker_cfg = _node_inference(cfg)
     # The server has a stop flag of its own: it stops after the workers (a Ctrl-C reaches only the shared one).
     server_stop = StopFlag(install_signals=False)
@@ -248,8 +267,8 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_
     stop = StopFlag()
     # A resumed run plays new games: its workers' seeds differ from the first run's.
     seed_offset = int(time.time()) if resume else 0
-    optimizer, servers, rollouts, evaluator = (_threads if in_process else _processes)(cfg, run_dir, resume, workers,
-                                                                                       seed_offset, stop)
+    make_optimizer, servers, rollouts, evaluator = (_threads if in_process else _processes)(
+        cfg, run_dir, workers, seed_offset, stop)
     helpers = rollouts + (evaluator if cfg.eval.interval_s > 0 else [])
     metrics = start_metrics(LauncherMetrics, cfg)
     run_logs = RunLogs(run_dir)
@@ -259,12 +278,30 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_
               f"of {cfg.env.name}{', as threads of one process' if in_process else ''}; logs in {logs}; "
               "Ctrl-C stops cleanly", flush=True)
     started = time.time()
+    optimizer = make_optimizer(resume)
     optimizer.start()
+    restarts, deaths = RestartPolicy(cfg.run.max_restarts), list[Death]()
+    restarts.started(started)
     for child in servers + helpers:
         child.start()
     reason = "optimizer exited"
     try:
-        while optimizer.alive():
+        while True:
+            if not optimizer.alive():
+                code = optimizer.returncode
+                verdict = restarts.after_exit(code if code is not None else 1, time.time())
+                if not verdict.restart:
+                    reason = verdict.line or reason
+                    break
+                deaths.append(Death(time.time(), code if code is not None else 1))
+                metrics.restart("optimizer")
+                progress.note(f"{verdict.line} (see {optimizer.log_path})")
+                if stop.wait(verdict.delay_s):
+                    reason = f"stopped by {stop.reason}"
+                    break
+                optimizer = make_optimizer("auto")  # resumes the run, or starts it if it died before version 0
+                optimizer.start()
+                restarts.started(time.time())
             if stop.wait(1.0):
                 reason = f"stopped by {stop.reason}"
                 break
@@ -300,7 +337,7 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_
         progress.close()
         metrics.close()
     code = optimizer.returncode
-    summary = final_summary(run_dir, reason, time.time() - started, code, launch)
+    summary = final_summary(run_dir, reason, time.time() - started, code, launch, deaths)
     if echo:
         print(summary)
     if code not in (0, -signal.SIGTERM):

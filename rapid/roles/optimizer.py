@@ -36,13 +36,14 @@ from rapid.roles.optimizer_loop import OptimizerLoop, Timing
 from rapid.roles.optimizer_parts import Parts
 from rapid.roles.optimizer_report import OptimizerReport
 from rapid.roles.optimizer_settings import version_meta
-from rapid.roles.start_point import agree_on_start
+from rapid.roles.start_point import Resume, agree_on_start
 from rapid.roles.startup import JsonlLog, StopFlag, build_policy, env_spec, open_run_store, setup_logging, start_metrics
 from rapid.roles.steps import drive
 from rapid.run.config import Config
 from rapid.run.config_files import to_toml
 from rapid.run.lease import RunLease
 from rapid.run.param_store import ParameterStore
+from rapid.run.run_owner import Owner, write_owner
 from rapid.run.store_map import EXPERIENCE_PREFIX, read_layout, write_layout
 
 
@@ -61,7 +62,7 @@ def decode_workers(cfg: Config) -> int:
     return auto_workers() if n < 0 else n
 
 
-def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx=None,
+def run_optimizer(cfg: Config, resume: Resume = False, rank: Identity = ALONE, ctx=None,
                   stop: StopFlag | None = None) -> int:
     log = setup_logging(f"optimizer-{rank.rank}")
     stop = StopFlag() if stop is None else stop  # an unset flag is falsy
@@ -91,18 +92,19 @@ def run_optimizer(cfg: Config, resume: bool = False, rank: Identity = ALONE, ctx
     # chooses, every rank loads exactly that point, and the ranks compare digests of their state before starting.
     try:
         start = agree_on_start(ctx, store, policy, learner.adam, resume, rank.rank, log,
-                               prepare=(lambda: _write_layout(store, cfg, rank.size, resume, log)) if lead else None)
+                               prepare=(lambda resumed: _write_layout(store, cfg, rank.size, resumed, log))
+                               if lead else None, owner=Owner(cfg.run.name, cfg.env.name))
     except UsageError:
         if lease:
             lease.abandon()  # this optimizer never started: the store is left as it was
         raise
     version, learner.updates = start.version, start.updates
-    if resume:
+    if start.resumed:
         log.info("resumed from %s (update %d); next version %d; state digest %s, the same on all %d rank(s)",
                  start.source, learner.updates, version + 1, start.digest[:12], rank.size)
     if lease:
         lease.keep(stop)
-    if lead and not resume:
+    if lead and not start.resumed:
         params.publish(version, policy.tensors(), {**version_meta(cfg, learner.updates, 0.0), "env": cfg.env.name})
     league = LeagueKeeper(store, cfg) if lead else None
     metrics.param_version(version)
@@ -196,6 +198,7 @@ def _write_layout(store, cfg: Config, world: int, resume: bool, log) -> None:
     try:
         legacy = resume and read_layout(store) is None and bool(store.list(EXPERIENCE_PREFIX))
         shards = write_layout(store, cfg.store.experience_shards or world)
+        write_owner(store, Owner(cfg.run.name, cfg.env.name))
     except FormatError as e:
         raise UsageError(f"{e} in {store.describe()}: restore it or start a new run") from e
     log.info("experience in %d shard(s); %d per rank", shards, math.ceil(shards / world))

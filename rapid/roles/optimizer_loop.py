@@ -223,6 +223,9 @@ class OptimizerLoop:
         p, o = self.p, self.cfg.optimizer
         ckpt = p.checkpoint(self.version)
         self.last_ckpt_updates = p.learner.updates
+        # The loader notes what it has loaded at its next poll: after a kill, the resumed optimizer then never
+        # loads again an object whose samples trained this checkpoint (only ones whose updates the kill discarded).
+        p.loader.mark_soon()
         return lambda: self._until_stored(f"checkpoint v{ckpt.version}",
                                           lambda: save_checkpoint(p.store, ckpt, o.keep_checkpoints))
 

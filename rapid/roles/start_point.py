@@ -1,12 +1,13 @@
 """Where the optimizer ranks start: one point, chosen by rank 0, loaded by every rank, and proven the same.
 
-Rank 0 alone chooses: a fresh run, or on ``--resume`` :func:`rapid.optimizer.checkpoints.resume_point` (the
-newest usable checkpoint; with none, published weights and a fresh Adam). It sends its choice to every rank, and
-each other rank loads exactly that one (:func:`rapid.optimizer.checkpoints.load_resume_point`), never one of its
-own. Then the ranks compare a digest of what they hold: parameters and buffers, Adam's state and
+Rank 0 alone chooses: a fresh run, or on ``--resume`` :func:`rapid.optimizer.checkpoints.resume_point` (the newest
+usable checkpoint; with none, published weights and a fresh Adam); ``--resume auto`` resumes when the store holds a
+run (of this name and game: :mod:`rapid.run.run_owner`) and starts fresh when it holds none. It sends its choice to
+every rank, and each other rank loads exactly that one (:func:`rapid.optimizer.checkpoints.load_resume_point`),
+never one of its own. Then the ranks compare a digest of what they hold: parameters and buffers, Adam's state and
 hyperparameters, the update count and the version. A rank that cannot load the point, or a digest that differs,
-stops every rank with the same one line (UsageError, exit code 2) that names the rank and the cause; no rank is
-left waiting in a collective.
+stops every rank with the same one line (UsageError, exit code 2) that names the rank and the cause; no rank is left
+waiting in a collective.
 
 Usage (one rank, no process group; with ranks ``ctx`` is the :class:`~rapid.infra.distributed.DistContext`)::
 
@@ -17,8 +18,8 @@ Usage (one rank, no process group; with ranks ``ctx`` is the :class:`~rapid.infr
     >>> adam = torch.optim.Adam(policy.parameters())
     >>> start = agree_on_start(None, LocalStore(tempfile.mkdtemp()), policy, adam, resume=False, rank=0,
     ...                        log=logging.getLogger("doctest"))
-    >>> start.version, start.updates, start.source, len(start.digest)
-    (0, 0, 'a fresh run', 64)
+    >>> start.version, start.updates, start.source, start.resumed, len(start.digest)
+    (0, 0, 'a fresh run', False, 64)
 
 Two messages each way, before the update loop starts: rank 0's choice (all-gather of one small JSON document:
 the others send nothing) and every rank's verdict with its digest.
@@ -31,6 +32,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -39,6 +41,10 @@ from rapid.errors import UsageError
 from rapid.infra.store import Store
 from rapid.opt.model import Policy
 from rapid.optimizer.checkpoints import LOAD_TRIES, ResumePoint, load_resume_point, newest_version_in_use, resume_point
+from rapid.run.run_owner import Owner, check_owner
+
+Resume = bool | Literal["auto"]
+"""False: a fresh run (refused where one is stored); True: resume (refused where none is); "auto": either."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,8 @@ class Start:
     source: str
     digest: str
     """sha256 of this rank's state (:func:`state_digest`); every rank's is the same."""
+    resumed: bool = False
+    """Whether it continues a stored run (else version 0 is still to be published)."""
 
 
 def state_digest(policy: Policy, adam: torch.optim.Optimizer, updates: int, version: int) -> str:
@@ -67,16 +75,17 @@ def state_digest(policy: Policy, adam: torch.optim.Optimizer, updates: int, vers
     return h.hexdigest()
 
 
-def agree_on_start(ctx, store: Store, policy: Policy, adam: torch.optim.Optimizer, resume: bool, rank: int,
-                   log: logging.Logger, prepare: Callable[[], None] | None = None, tries: int = LOAD_TRIES,
-                   wait_s: float = 1.0) -> Start:
+def agree_on_start(ctx, store: Store, policy: Policy, adam: torch.optim.Optimizer, resume: Resume, rank: int,
+                   log: logging.Logger, prepare: Callable[[bool], None] | None = None, tries: int = LOAD_TRIES,
+                   wait_s: float = 1.0, owner: Owner | None = None) -> Start:
     """Load the one start point into ``policy`` and ``adam`` on every rank (see the module docstring).
-    ``prepare``: rank 0's work once it has chosen (the run's layout), before the other ranks read the store; its
-    failure stops every rank like a failed load. ``tries``/``wait_s``: of a load through transient errors."""
+    ``prepare``: rank 0's work once it has chosen (the run's layout), given whether it resumes, before the other
+    ranks read the store; its failure stops every rank like a failed load. ``tries``/``wait_s``: of a load through
+    transient errors. ``owner``: this config's run, checked against the store's on a resume."""
     choice: dict = {}
     if rank == 0:
         try:
-            choice = _choose(store, policy, adam, resume, log, tries, wait_s)
+            choice = _choose(store, policy, adam, resume, log, tries, wait_s, owner)
         except Exception as e:  # sent to the others first, so they stop with it instead of waiting for a choice
             _exchange(ctx, {"error": f"rank 0: {_line(e)}"})
             raise
@@ -95,7 +104,7 @@ def agree_on_start(ctx, store: Store, policy: Policy, adam: torch.optim.Optimize
                   f"chose: {_line(e)}"
     if rank == 0 and prepare is not None:
         try:
-            prepare()
+            prepare(point is not None)
         except Exception as e:  # as above
             problem = f"rank 0: {_line(e)}"
     version, updates = (point.version, point.updates) if point else (0, 0)
@@ -110,12 +119,18 @@ def agree_on_start(ctx, store: Store, policy: Policy, adam: torch.optim.Optimize
                          f"counters): rank 0 holds {verdicts[0]['digest'][:12]}, rank {differ[0]} "
                          f"{verdicts[differ[0]]['digest'][:12]} ({len(differ)} rank(s) differ); not starting")
     source = point.source if point else "a fresh run"
-    return Start(version, updates, source, digest)
+    return Start(version, updates, source, digest, resumed=point is not None)
 
 
-def _choose(store: Store, policy, adam, resume: bool, log: logging.Logger, tries: int, wait_s: float) -> dict:
+def _choose(store: Store, policy, adam, resume: Resume, log: logging.Logger, tries: int, wait_s: float,
+            owner: Owner | None) -> dict:
     """Rank 0's choice, loaded into its own ``policy`` and ``adam``."""
+    if resume == "auto" and newest_version_in_use(store) is None:
+        log.info("--resume auto: %s holds no run yet; starting a fresh one", store.describe())
+        return {}
     if resume:
+        if owner is not None:
+            check_owner(store, owner, auto=resume == "auto")
         return {"point": asdict(resume_point(store, policy, adam, log, tries=tries, wait_s=wait_s))}
     if newest_version_in_use(store) is not None:
         raise UsageError(f"{store.describe()} already holds published parameters; use --resume or a new run dir")

@@ -38,6 +38,11 @@ class RunConfig:
     num_workers: int = 0
     """Rollout worker processes for `rapid train` (0: one per core this process may use, as taskset or a
     container's cpuset leaves it, less the optimizer's; at least 1)."""
+    max_restarts: int = 3
+    """`rapid train` restarts an optimizer that died (a signal, an out-of-memory kill, an unexpected error) from
+    its newest checkpoint, waiting 1, 2, 4 … s (at most 30 s) first, at most this many times in a row; a restart
+    that then trains for 10 minutes clears the count. Past it the run stops with the command to resume (0: never
+    restart). Clusters restart their optimizer job themselves (docs/reliability.md)."""
 
 
 @dataclass

@@ -24,6 +24,7 @@ def validate(cfg: Config) -> list[str]:
     _positive(e, "run.updates", cfg.run.updates, allow_zero=True)
     _unit(e, "run.target_win_rate", cfg.run.target_win_rate)
     _positive(e, "run.num_workers", cfg.run.num_workers, allow_zero=True)
+    _positive(e, "run.max_restarts", cfg.run.max_restarts, allow_zero=True)
     if not RUN_NAME.fullmatch(cfg.run.name):  # it names a folder under runs/ and labels metrics
         e.append(f"run.name must be 1-64 of A-Z a-z 0-9 . _ -, not starting with . or - (got {cfg.run.name!r})")
     if not 0 <= cfg.run.seed < 1 << 32:

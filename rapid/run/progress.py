@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rapid.monitoring.logs import JsonlTail, read_jsonl
+from rapid.run.restart_summary import Death, restart_lines, summed
 
 MODES = ("sampled", "greedy")
 """The ways the evaluator's policy may act against the baseline (``eval.play``), in the order a round plays them."""
@@ -183,18 +184,21 @@ class Launch:
 
 
 def final_summary(run_dir: Path, reason: str, elapsed: float, exit_code: int | None,
-                  launch: Launch | None = None) -> str:
+                  launch: Launch | None = None, deaths: tuple[Death, ...] | list[Death] = ()) -> str:
+    """``deaths``: the optimizers this launch restarted. Counters are summed over this launch's optimizers."""
     ops = read_jsonl(run_dir / "logs" / "optimizer.jsonl")
     evals = baseline_evals(run_dir)
     lines = [f"\nrapid train finished: {reason} after {_fmt_time(elapsed)}"]
-    if ops:
-        last = ops[-1]
+    mine = [o for o in ops if launch is None or o.get("time", 0.0) >= launch.started] or ops[-1:]
+    if mine:
+        last = summed(mine)
         lines += [f"  versions published : {last['version']} ({last['update']} updates)",
                   f"  agent-steps        : {last['env_steps']:,}",
                   f"  samples            : {last['samples_received']:,} received, {last['samples_consumed']:,} "
                   f"consumed, {last['samples_dropped_stale']:,} went stale unused",
                   *balance_lines(last),
                   f"  skipped updates    : {last['skipped_updates']} (non-finite)   bad objects: {last['bad_objects']}"]
+    lines += restart_lines(ops, list(deaths))
     if launch is not None:
         split = first_minutes(ops, evals, launch)
         if split:

@@ -59,6 +59,8 @@ SNAPSHOTS_PREFIX = "league/snapshots/"
 LEGACY_RESULTS_PREFIX = "league/results/"
 """Match-result objects of rapid before the sharded layout: no longer written or folded."""
 LAYOUT = "layout.json"
+RUN_OWNER = "owner.json"
+"""Which run a store holds (its name and game), written once by the first optimizer: rapid/run/run_owner.py."""
 LOADER_MARKS_PREFIX = "loader/"
 MAX_MARK_BYTES = 1 << 20
 LEASE_PREFIX = "optimizer/lease/"
