@@ -44,7 +44,8 @@ sys.path.append(str(Path(__file__).resolve().parent.parent))  # tests.s3_server 
 from fleet import clock as sim_clock  # noqa: E402
 from fleet.calibrate import calibrate  # noqa: E402
 from fleet.faults import NAMES, Faults, UsageError  # noqa: E402
-from fleet.report import BOUNDS, figures, passes, print_report  # noqa: E402
+from fleet.readback import readback  # noqa: E402
+from fleet.report import BOUNDS, bound_of, failures, figures, print_report  # noqa: E402
 from fleet.sched import OutOfTime  # noqa: E402
 from fleet.sim import Fleet, Settings, sample_arrays  # noqa: E402
 from fleet.standins import PARAM_TENSORS  # noqa: E402
@@ -72,6 +73,12 @@ def parse_args(argv=None):
                    help="the node cache as shipped: slurm (a node-local /tmp folder per node) and k8s (a hostPath "
                         "per node) share one cache among --workers-per-node workers; per-process: none shared "
                         "(each process reads the store)")
+    p.add_argument("--upload-s", type=float, help="rollout.upload_interval_s (default: the cadence's)")
+    p.add_argument("--param-poll-s", type=float, help="rollout.param_poll_s (default: the cadence's)")
+    p.add_argument("--publish-s", type=float, help="optimizer.publish_interval_s (default: the cadence's)")
+    p.add_argument("--snapshot-every", type=int, default=10, help="league.snapshot_every (versions)")
+    p.add_argument("--checkpoint-every", type=int, default=100, help="optimizer.checkpoint_every (updates)")
+    p.add_argument("--max-backlog", type=int, default=8, help="rollout.max_backlog (objects)")
     p.add_argument("--workers-per-node", type=int, default=64, help="rollout processes on one node")
     p.add_argument("--poll-s", type=float, default=0.5, help="optimizer.poll_s")
     p.add_argument("--retention-s", type=float, default=600.0, help="store.retention_s")
@@ -100,7 +107,8 @@ def parse_args(argv=None):
     p.add_argument("--wall-limit-s", type=float, default=0.0,
                    help="end the run after this much wall time and report what was reached")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", help="also write the figures to this file (one flat object)")
+    p.add_argument("--json", help="also write the figures, their bounds and the failures to this file")
+    p.add_argument("--no-fail", action="store_true", help="exit 0 even when a figure is out of its bound")
     add_store_args(p)
     a = p.parse_args(argv)
     try:
@@ -113,14 +121,18 @@ def parse_args(argv=None):
 
 
 def settings_of(a) -> Settings:
-    cadence = CADENCES[a.cadence]
+    cadence = dict(CADENCES[a.cadence])
+    for name in cadence:
+        if getattr(a, name) is not None:
+            cadence[name] = getattr(a, name)
     return Settings(workers=a.workers, ranks=a.ranks, sim_s=60 * a.minutes, poll_s=a.poll_s,
                     retention_s=a.retention_s, update_s=a.update_s, update_spread=a.update_spread,
                     segment_s=a.segment_s, samples_per_segment=a.samples, games_per_upload=a.games,
                     drain_s=a.drain_s, seed=a.seed, skew_s=a.skew_s, slow_upload_s=a.slow_upload_s, churn=a.churn,
                     workers_per_node=a.workers_per_node, grad_mb=a.params_mb, target_reuse=a.target_reuse,
                     supply=a.supply, upload_s=cadence["upload_s"], param_poll_s=cadence["param_poll_s"],
-                    publish_s=cadence["publish_s"])
+                    publish_s=cadence["publish_s"], snapshot_every=a.snapshot_every,
+                    checkpoint_every=a.checkpoint_every, max_backlog=a.max_backlog)
 
 
 def size_scale(a) -> dict:
@@ -179,12 +191,14 @@ def run_once(a, store_kind: str, out=print) -> dict:
             fleet = Fleet(s, store, meter, clock, a.faults)
             fleet.run(progress)
             fig = figures(fleet, fleet.live_half, store.live())
+            fig.update(readback(fleet, fleet.reached))
     finally:
         close()
     fig["wall_s"], fig["cpu_s"] = time.perf_counter() - started, time.process_time() - cpu0
     fig["requests"] = {f"{f} {op}": sum(meter.requests[f, op, h] for h in (0, 1)) for f in FAMILIES for op in OPS
                        if meter.requests[f, op, 0] + meter.requests[f, op, 1]}
-    fig["healthy"] = all(passes(name, fig[name], s) for name in BOUNDS)
+    fig["failures"] = failures(fig, s)
+    fig["healthy"] = not fig["failures"]
     print_report(fig, s, out)
     out(f"model cost: {fig['wall_s']:.0f} s wall, {fig['cpu_s']:.0f} s CPU, {fleet.sched.steps:,} steps; "
         f"load {open('/proc/loadavg').read().split()[:3]}")
@@ -199,9 +213,14 @@ def main(argv=None) -> int:
         return 0
     fig = run_once(a, a.store)
     if a.json:
+        s = settings_of(a)
         flat = {k: v for k, v in fig.items() if not isinstance(v, dict | list)}
+        flat.update(samples=fig["samples"], failures=fig["failures"],
+                    bounds={name: bound_of(name, s) for name in BOUNDS})
         Path(a.json).write_text(json.dumps(flat, indent=1, default=str))
-    return 0
+    for line in fig["failures"]:
+        print(line)
+    return 1 if fig["failures"] and not a.no_fail else 0
 
 
 if __name__ == "__main__":

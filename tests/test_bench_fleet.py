@@ -48,15 +48,28 @@ def test_a_small_fleet_is_healthy_by_every_figure(healthy):
 
 
 @pytest.mark.parametrize("fault, moved", [
-    ("params-outage=150", {"workers_current_share", "writer_wait_s"}),
+    ("params-outage=150", {"writer_wait_s", "fold_lag_p99_s"}),  # workers stay on the newest version stored
     ("wrong-meta", {"updates_share"}),  # the writer refuses the object: rank 0 stops, its peers wait
     ("stale-drop", {"trained_share"}),
-    ("keeper-stopped", {"folded_share", "fold_lag_p99_s"}),
+    ("keeper-stopped", {"pool_games_share", "fold_lag_p99_s"}),
     ("one-shard", {"updates_share"}),
     ("hung-get=30", {"poller_failures"}),
 ])
 def test_each_fault_moves_its_figure_past_its_bound(fault, moved):
     assert moved <= failing(run("--fault", fault))
+
+
+def test_an_unhealthy_run_exits_1_with_one_line_per_figure_and_its_bounds_in_the_json(tmp_path, capsys):
+    import json
+
+    out = tmp_path / "fleet.json"
+    assert bench_fleet.main([*SMALL, "--fault", "keeper-stopped", "--json", str(out)]) == 1
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("FAIL ")]
+    doc = json.loads(out.read_text())
+    assert printed == doc["failures"] and any(line.startswith("FAIL pool_games_share = 0,") for line in printed)
+    assert set(doc["bounds"]) == set(BOUNDS) and doc["bounds"]["pool_games_share"] == ["in", [0.99, 1.0]]
+    assert doc["unaccounted_samples"] == 0 and doc["samples"]["made"] > 0
+    assert bench_fleet.main([*SMALL, "--fault", "keeper-stopped", "--no-fail"]) == 0
 
 
 def test_a_fault_named_wrong_is_one_line_and_exit_2(capsys):

@@ -6,7 +6,7 @@
   ``workers_current_share`` (readers refuse it, or the writer refuses to write it and rank 0 stops).
 - ``stale-drop``: ``optimizer.max_staleness = 0``, so the buffer drops what arrives a version late; moves
   ``trained_share``.
-- ``keeper-stopped``: rank 0's league keeper never runs; moves ``folded_share`` and ``fold_lag_p99_s``.
+- ``keeper-stopped``: rank 0's league keeper never runs; moves ``pool_games_share`` and ``fold_lag_p99_s``.
 - ``one-shard``: every worker writes into shard 0; moves ``updates_share`` (the other ranks starve) and, at
   thousands of workers, ``list_pages_per_poll``.
 - ``hung-get=S``: from ``FAULT_AT_S`` one reader a node has each ``params/LATEST`` GET hang S seconds, then time

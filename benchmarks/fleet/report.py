@@ -57,19 +57,35 @@ BOUNDS = {
     "updates_share": (">=", 0.90),
     "poller_failures": ("<=", 0),
     "trained_share": (">=", 0.95),
-    "folded_share": (">=", 0.99),
     "list_pages_per_poll": ("<=", 1.0),
     "writer_wait_s": ("<=", None),  # one publish interval
     "hot_key_gets_per_s": ("<=", 1000.0),
     "cost_per_hour": ("<=", 5.0),
     "discovery_p99_s": ("<=", None),  # one upload interval
     "fold_lag_p99_s": ("<=", None),  # one publish interval
+    # read back from the store and the stand-ins (readback.py)
+    "unaccounted_samples": ("<=", 0),
+    # versions per publish interval: a version waits for the next update and the writer after it is due, and one
+    # more fits in a short run
+    "publish_cadence": ("in", (0.7, 1.5)),
+    "bad_versions": ("<=", 0),
+    "version_reach_share": (">=", 0.95),  # of the workers, within two publish intervals
+    "pool_games_share": ("in", (0.99, 1.0)),
+    "snapshots_missing": ("<=", 0),
+    "checkpoint_gap": ("<=", 2.0),  # in checkpoint_every's
+    "checkpoints_bad": ("<=", 0),
+    "ranks_stop_spread_s": ("<=", 10.0),
+    "rank_updates_spread": ("<=", 0),
+    "latest_gets_per_node_poll": ("<=", 1.5),
+    "version_gets_per_node": ("<=", 1.5),
+    "unreadable_objects": ("<=", 0),
+    "loaded_twice": ("<=", 0),
 }
 """The bound each health figure must keep (the issue's, at the product card's shape; None: from the run's
-cadence)."""
+cadence; "in": a closed range)."""
 
 
-def bound_of(name: str, s) -> tuple[str, float]:
+def bound_of(name: str, s) -> tuple[str, float | tuple[float, float]]:
     op, value = BOUNDS[name]
     if value is None:
         value = s.upload_s if name == "discovery_p99_s" else s.publish_s  # fold lag, writer wait: a publish
@@ -78,7 +94,20 @@ def bound_of(name: str, s) -> tuple[str, float]:
 
 def passes(name: str, value: float, s) -> bool:
     op, bound = bound_of(name, s)
+    if isinstance(bound, tuple):
+        return bound[0] <= value <= bound[1]
     return value >= bound if op == ">=" else value <= bound
+
+
+def failures(fig: dict, s) -> list[str]:
+    """One line per figure out of its bound."""
+    out = []
+    for name in BOUNDS:
+        if not passes(name, fig[name], s):
+            op, bound = bound_of(name, s)
+            want = f"in [{_num(bound[0])}, {_num(bound[1])}]" if isinstance(bound, tuple) else f"{op} {_num(bound)}"
+            out.append(f"FAIL {name} = {_num(fig[name])}, want {want}")
+    return out
 
 
 def writer_wait(rank0, clock) -> float:
@@ -107,22 +136,21 @@ def updates_share(fleet, reached: float) -> float:
     return min(1.0, learner.samples / max(1e-9, min(by_time, by_data)))
 
 
+def pool_games(fleet) -> list[tuple[float, int]]:
+    """(time, games in the pool) of each pool revision stored: the games folded, as the store holds them."""
+    return [(t, games) for t, _, games in fleet.ledger.pool]
+
+
 def health(fleet, fam: dict, reached: float, hot_gets: int) -> dict:
     """The flat health figures (names as in ``--json``)."""
     m, rank0 = fleet.meter, fleet.ranks[0]
     delays = [m.loads[k][0][1] - at for k, at in m.visible_at.items() if m.loads.get(k)]
-    lags, _ = fold_lags(fleet.played, fleet.folded)
-    uploaded = sum(w.uploader.stats.samples for w in fleet.all_workers)
-    trained = sum(r.buffer.stats().used for r in fleet.ranks)
-    played = sum(n for _, n in fleet.played)
-    folded = rank0.keeper.folded_games if rank0.keeper else 0
+    lags, _ = fold_lags(fleet.played, pool_games(fleet))
     pages = m.done["experience", "LIST"]  # pages answered (an attempt answered 500 and retried is not a page)
     return {
         "workers_current_share": float(np.mean(fleet.current)) if fleet.current else 0.0,
         "updates_share": updates_share(fleet, reached),
         "poller_failures": fleet.poller_failures,
-        "trained_share": trained / uploaded if uploaded else 0.0,
-        "folded_share": folded / played if played else 0.0,
         "list_pages_per_poll": pages / max(1, fleet.polls),
         "writer_wait_s": writer_wait(rank0, fleet.clock),
         "hot_key_gets_per_s": hot_gets / max(reached, 1e-9),
@@ -149,7 +177,7 @@ def figures(fleet, live_half: dict, live_end: dict) -> dict:
         row["$/h"] = sum(m.requests[f, op, h] / span * 3600 * PRICE_PER_1000[op] / 1000 for op in OPS)
         if any(row[k] for k in (*OPS, "live end")):
             fam[f] = row
-    lags, unfolded = fold_lags(fleet.played, fleet.folded)
+    lags, unfolded = fold_lags(fleet.played, pool_games(fleet))
     staleness = collections.Counter(fleet.ranks[0].report.staleness)
     hot_key, hot_gets = max(m.gets_by_key.items(), key=lambda kv: kv[1], default=("-", 0))
     rank0 = fleet.ranks[0]
@@ -159,12 +187,6 @@ def figures(fleet, live_half: dict, live_end: dict) -> dict:
         jobs[name] += 1
         longest[name] = max(longest.get(name, 0.0), seconds)
     fig = health(fleet, fam, reached, hot_gets)
-    buffers = [r.buffer.stats() for r in fleet.ranks]
-    fig["samples"] = {"uploaded": sum(w.uploader.stats.samples for w in fleet.all_workers),
-                      "received": sum(b.received for b in buffers), "trained": sum(b.used for b in buffers),
-                      "dropped_stale": sum(b.dropped_stale for b in buffers),
-                      "evicted_unused": sum(b.evicted_unused for b in buffers),
-                      "left_unused": sum(b.unused for b in buffers)}
     group = fleet.group
     fig.update({
         "families": fam,
@@ -206,14 +228,16 @@ def print_report(fig: dict, s, out=print) -> None:
     for name in BOUNDS:
         op, bound = bound_of(name, s)
         verdict = "ok" if passes(name, fig[name], s) else "FAIL"
-        out(f"  {name:<24}{_num(fig[name]):>12}   want {op} {_num(bound):<8} {verdict}")
+        want = f"in {_num(bound[0])}…{_num(bound[1])}" if isinstance(bound, tuple) else f"{op} {_num(bound)}"
+        out(f"  {name:<26}{_num(fig[name]):>12}   want {want:<11} {verdict}")
     jobs = ", ".join(f"{k} {v} ({fig['writer_job_max_s'][k]:.1f})" for k, v in sorted(fig["writer_jobs"].items()))
     pairs = [
         ("objects uploaded / never loaded / loaded twice / bad",
          f"{fig['uploaded']} / {fig['never_loaded']} / {fig['loaded_twice']} / {fig['bad']}"),
         ("dropped by workers (backlog full)", fig["dropped_by_workers"]),
-        ("samples uploaded / received / trained / stale / evicted / left unused",
-         " / ".join(f"{v:,}" for v in fig["samples"].values())),
+        ("samples read back (made; trained; each reason)",
+         "; ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in fig["samples"].items()
+                   if v or k in ("made", "trained", "unaccounted"))),
         ("discovery delay p50 (s)", f"{fig['discovery_p50_s']:.1f}"),
         ("staleness p50 / p99 (versions)", f"{fig['staleness_p50']:.0f} / {fig['staleness_p99']:.0f}"),
         ("league fold lag p50 (s); games never folded", f"{fig['fold_lag_p50_s']:.1f}; {fig['unfolded_games']}"),

@@ -46,6 +46,7 @@ from rapid.run.store_map import PARAMS_LATEST, POOL_POINTER, read_layout, write_
 
 from .drive import Group, Links, loop_actor
 from .faults import Faults
+from .ledger import Ledger
 from .report import MEASURE_FROM_S
 from .sched import Actor, OutOfTime, Scheduler
 from .standins import PARAM_TENSORS, Costs, CpuCharged, NullMetrics, SimLearner, SimReport, SimSource, checkpoint_of
@@ -172,12 +173,14 @@ class Worker:
                                   rng=random.Random(int(rng.integers(1 << 31))))
         sampler = OpponentSampler(League(reads, clock=clock.time), fleet.cfg.league, clock=clock.monotonic)
         games = s.games_per_upload * s.segment_s / s.upload_s
-        self.source = SimSource(clock, rng, fleet.template, sampler, s.segment_s, games, fleet.snapshot_failed)
+        self.source = SimSource(clock, rng, fleet.template, sampler, s.segment_s, games, fleet.snapshot_failed,
+                                fleet.next_ids)
         self.stop = SimStop(clock)
         watch = RunWatch(reads, quiet_s=max(60.0, 3 * s.publish_s), clock=clock.time)
         self.loop = RolloutLoop(self.source, self.uploader, self.poller, watch, NullMetrics(), 2, 0.0, self.stop,
                                 QUIET, clock=clock)
         self.done = False
+        self.started_at, self.left_at = at, None
         self.games_sealed = 0
         fleet.all_workers.append(self)
         skew = float(rng.uniform(-s.skew_s, s.skew_s)) if s.skew_s else 0.0
@@ -214,6 +217,7 @@ class Worker:
 
     def leave(self) -> None:
         self.stop.set("stopped")
+        self.left_at = self.fleet.clock.t()
 
     def _ended(self, code: int) -> None:
         """The loop returned: what run_rollout does then (its uploader's stop flushes what is pending)."""
@@ -249,17 +253,19 @@ class Rank:
         self.writer_jobs: list[tuple[str, float]] = []  # (kind, simulated seconds) of each job
         self.publish_lags: list[float] = []  # simulated seconds from a version's decision to its LATEST
         self._job = ""
+        self.job_done_at = 0.0  # when the writer's last job ended, in simulated time
         self.keeper = LeagueKeeper(store, cfg, start=False, clock=clock) if lead else None
         self.report = SimReport(clock)
         params = fleet.faults.params_store(store)
         parts = Parts(self.learner, self.buffer, self.loader, self.writer, params, self.keeper, self.report,
-                      tensors=lambda: PARAM_TENSORS, checkpoint=lambda v: checkpoint_of(v, self.learner.updates),
+                      tensors=self.learner.weights, checkpoint=lambda v: checkpoint_of(v, self.learner.updates),
                       store=store)
         self.stop = SimStop(clock)
         self.loop = OptimizerLoop(cfg, parts, Timing(round_s=5.0, sample_wait_s=0.0, idle_s=0.25), self.stop,
                                   QUIET, lead, grouped=fleet.group is not None, version=0,
                                   rng=np.random.default_rng(s.seed + 7919 * rank), clock=clock)
         self.failure: str | None = None
+        self.ended_at: float | None = None  # when the loop returned (ranks in lock step leave together)
         start = fleet.sched.start
         start(Actor(f"rank{rank}", self._loop(), process=self.process), 0.0)
         start(Actor(f"loader{rank}", self._loads(), process=self.process), 0.0)
@@ -270,9 +276,13 @@ class Rank:
 
     def _loop(self):
         try:
-            yield from loop_actor(self.fleet.clock, self.loop.run(), self.fleet.group, self.rank)
+            yield from loop_actor(self.fleet.clock, self.loop.run(), self.fleet.group, self.rank,
+                                  on_end=self._ended)
         except Exception as e:  # noqa: BLE001 - a rank that raises ends (its peers then wait forever: counted)
             self.failure = f"{type(e).__name__}: {e}"
+
+    def _ended(self, code: int) -> None:
+        self.ended_at = self.fleet.clock.t()
 
     def _loads(self):
         fleet = self.fleet
@@ -298,6 +308,7 @@ class Rank:
         """From rank 0's writer at the end of a job: a version's publish lag is from the loop's decision to
         here (its object and LATEST stored)."""
         self._job = name.split()[0]
+        self.job_done_at = self.fleet.clock.t()
         if name.startswith("publish v"):
             version = int(name.split()[1][1:])
             self.publish_lags.append(self.fleet.clock.t() - self.report.version_at[version])
@@ -308,8 +319,12 @@ class Rank:
             if not keeper.has_work():
                 yield self.fleet.clock.t() + 1.0
                 continue
+            if self.fleet.clock.t() < self.job_done_at:
+                # A snapshot is handed over inside a writer job, whose step ran ahead of this actor in simulated
+                # time: a thread would take it only once handed, after that version's PUT completed.
+                yield self.job_done_at
+                continue
             retry = keeper.step()
-            self.fleet.folded.append((self.fleet.clock.t(), keeper.folded_games))
             yield self.fleet.clock.t() + (retry or 0.0)
 
 
@@ -326,7 +341,9 @@ class Fleet:
         self.stopping = False
         self.live_half: dict[str, tuple[int, float]] = {}  # live objects at half time (see _half)
         self.played: list[tuple[float, int]] = []  # (time, games) sealed into experience by the workers
-        self.folded: list[tuple[float, int]] = []  # (time, games folded into the pool so far)
+        self.ledger = Ledger(SHAPE)  # what the store was given, read back for the figures
+        meter.on_stored = self.ledger.stored
+        self._ids = 0
         self.current: list[float] = []  # share of live workers on the newest or previous version, per sample
         self.received_from = self.received_to = 0  # rank 0's samples received by the first minute, by the end
         self.poller_failures = self.snapshot_failures = self.churned = self.polls = 0
@@ -357,6 +374,11 @@ class Fleet:
                                {PARAMS_LATEST: self.s.param_poll_s, POOL_POINTER: self.s.refresh_s},
                                clock=self.clock.time, sleep=self.clock.charge)
 
+    def next_ids(self, n: int) -> np.ndarray:
+        """Fleet-wide ids for ``n`` new samples."""
+        self._ids += n
+        return np.arange(self._ids - n, self._ids)
+
     def games_played(self, n: int) -> None:
         if n:
             self.played.append((self.clock.t(), n))
@@ -376,8 +398,8 @@ class Fleet:
         self.received_from = first.received - first.unused  # what waited then is the window's to use
         while self.clock.t() < self.s.sim_s:
             live = [w.loop.version for w in self.workers.values() if not w.done]
-            if live:
-                newest = self.version
+            newest = self.ledger.newest_at(self.clock.t())  # LATEST as stored, not the loop's own count
+            if live and newest is not None:
                 self.current.append(sum(v is not None and v >= newest - 1 for v in live) / len(live))
             yield self.clock.t() + MONITOR_S
 

@@ -22,7 +22,17 @@ from rapid.rollout.worker import Segment
 from .drive import Links
 from .store import family
 
-PARAM_TENSORS = {"w": np.zeros(1024, np.float32)}
+
+def weights_of(updates: int) -> dict[str, np.ndarray]:
+    """The stand-in learner's weights after ``updates`` updates: every value is the update count, so the weights
+    change with every version and a version that ships old weights shows against its meta's update count."""
+    return {"w": np.full(1024, updates, np.float32)}
+
+
+PARAM_TENSORS = weights_of(0)
+SAMPLE_ID = (slice(None), 0, 0)
+"""Where a sample carries its id (``obs[:, 0, 0]``, exact in float32 below 2**24): the ledger follows each one
+from the source that made it through the store to the learner that trained it."""
 FIXED_SHARE = 0.75  # of the stand-in learner's update time at its smallest batch, paid whatever the batch
 
 
@@ -126,6 +136,10 @@ class SimLearner:
         self.reference_logp: np.ndarray | None = None  # clipped against the behaviour: ppo.proximal's default
         self.busy_s = 0.0
         self.samples = 0
+        self.trained: set[int] = set()  # ids of the samples this rank's updates took (read by the ledger)
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return weights_of(self.updates)
 
     def update(self, arrays: dict, progress: float) -> dict:
         start = self.clock.t()
@@ -134,6 +148,7 @@ class SimLearner:
         self.clock.cpu(self.update_s * spread * (FIXED_SHARE + (1 - FIXED_SHARE) * batch / self.nominal_batch))
         self.clock.charge(self.allreduce_s)
         self.updates += 1
+        self.trained.update(arrays["obs"][SAMPLE_ID].astype(np.int64).tolist())
         if self.measure_from <= start < self.measure_to:
             self.busy_s += self.clock.t() - start
             self.samples += batch
@@ -146,7 +161,7 @@ def checkpoint_of(version: int, updates: int) -> Checkpoint:
     adam = torch.optim.Adam([w])
     w.grad = torch.ones_like(w)
     adam.step()
-    return Checkpoint.from_torch(version, updates, PARAM_TENSORS, adam.state_dict())
+    return Checkpoint.from_torch(version, updates, weights_of(updates), adam.state_dict())
 
 
 class SimReport:
@@ -196,21 +211,29 @@ class SimSource:
     """The rollout worker's place in ``RolloutLoop``: ``collect`` takes ``segment_s`` of simulated time and gives
     a segment of samples stamped with the version it plays, and the games that ended in it, each against an
     opponent the real league sampler chose at the game's start (a snapshot's weights loaded as the real
-    worker does)."""
+    worker does). Each sample carries a fleet-wide id (``next_ids``); ``produced`` keeps this source's, and
+    ``swaps`` when each version began to play; ``wrong_weights`` counts versions whose weights are not the ones
+    their meta's update count says."""
 
     def __init__(self, clock, rng, template: dict, sampler, segment_s: float, games_per_segment: float,
-                 on_snapshot_failure):
+                 on_snapshot_failure, next_ids):
         self.clock, self.rng, self.template, self.sampler = clock, rng, template, sampler
         self.segment_s, self.games_per_segment = segment_s, games_per_segment
-        self.on_snapshot_failure = on_snapshot_failure
+        self.on_snapshot_failure, self.next_ids = on_snapshot_failure, next_ids
         self.version: int | None = None
         self.games_due = 0.0
         self.games = 0
+        self.produced: list[int] = []
+        self.swaps: list[tuple[float, int]] = []
+        self.wrong_weights = 0
 
     def set_params(self, version: int, tensors: dict, meta: dict) -> None:
         if set(tensors) != set(PARAM_TENSORS):
             raise ValueError("parameters do not match the model")
+        if not np.all(tensors["w"] == meta.get("updates")):
+            self.wrong_weights += 1
         self.version = version
+        self.swaps.append((self.clock.t(), version))
 
     def collect(self) -> Segment:
         self.clock.charge(self.segment_s)
@@ -227,6 +250,9 @@ class SimSource:
         opponents = sorted({g.id for g in games}) or ["latest"]
         arrays = {k: v.copy() for k, v in self.template.items()}
         arrays["version"][:] = self.version
+        ids = self.next_ids(len(arrays["version"]))
+        arrays["obs"][SAMPLE_ID] = ids
+        self.produced.extend(ids.tolist())
         arrays["opponent"][:] = np.arange(len(arrays["opponent"])) % len(opponents)
         episodes = [{"learner_version": self.version, "opponent": g.id, "learner_side": i % 2,
                      "winner": ("learner", "opponent", "draw")[int(self.rng.integers(3))], "length": 1000,

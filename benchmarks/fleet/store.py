@@ -31,6 +31,7 @@ import contextlib
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rapid.infra.store import (
@@ -125,6 +126,8 @@ class Meter:
         self.slow_put: dict[object, float] = {}  # actor → extra seconds on each experience PUT (a slow link)
         self.muted = False  # the model reading the pool for its own figures: not a request of the fleet
         self.client = ""  # the store client whose CPU is worth reporting beside rapid's ("botocore" on moto)
+        # Ledger.stored (fleet/ledger.py): what every completed PUT stored, read back for the figures
+        self.on_stored: Callable[[str, bytes, float], None] | None = None
 
     def extra(self, op: str, key: str) -> float:
         if op == "PUT" and key.startswith("experience/"):
@@ -151,9 +154,11 @@ class Meter:
             self.took[family(key), op] += seconds
             self.done[family(key), op] += 1
 
-    def put_done(self, key: str) -> None:
+    def put_done(self, key: str, data: bytes) -> None:
         if key.startswith("experience/") and key.endswith(".rxp"):
             self.visible_at[key] = self.clock.t()
+        if self.on_stored is not None:
+            self.on_stored(key, data, self.clock.t())
 
     def got(self, key: str) -> None:
         if key in self.visible_at:
@@ -260,7 +265,7 @@ class ModelStore(Store):
         with self._call():
             self._request("PUT", key, len(data))
             self.objects.write(key, bytes(data), self.clock.t())  # the PUT completes now
-            self.meter.put_done(key)
+            self.meter.put_done(key, data)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         validate_key(key)
@@ -269,7 +274,7 @@ class ModelStore(Store):
             if self.objects.newest(key) is not None:  # S3 answers 412 (409 while another write of it is in flight)
                 return False
             self.objects.write(key, bytes(data), self.clock.t())
-            self.meter.put_done(key)
+            self.meter.put_done(key, data)
             return True
 
     def get(self, key: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
@@ -314,6 +319,11 @@ class ModelStore(Store):
     def peek(self, key: str) -> bytes | None:
         """The object's newest bytes for the model's own figures: no request, no latency."""
         return self.objects.newest(key)
+
+    def keys_now(self, prefix: str) -> tuple[str, ...]:
+        """The keys under ``prefix`` that hold an object now, for the model's own figures: no request."""
+        return tuple(sorted(k for k in self.objects.all_keys()
+                            if k.startswith(prefix) and self.objects.newest(k) is not None))
 
     def live(self) -> dict[str, tuple[int, float]]:
         """Family → (objects, modelled bytes) stored now (the newest version of each key)."""
@@ -380,13 +390,13 @@ class MeteredS3(Store):
     def put(self, key, data):
         self._timed(self.inner.put, key, data)
         self._bytes(key, len(data))
-        self.meter.put_done(key)
+        self.meter.put_done(key, data)
 
     def put_if_absent(self, key, data):
         done = self._timed(self.inner.put_if_absent, key, data)
         if done:
             self._bytes(key, len(data))
-            self.meter.put_done(key)
+            self.meter.put_done(key, data)
         return done
 
     def get(self, key, max_bytes=DEFAULT_MAX_BYTES):
@@ -410,6 +420,13 @@ class MeteredS3(Store):
             return self.inner.get(key)
         except KeyNotFound:
             return None
+        finally:
+            self.meter.muted = False
+
+    def keys_now(self, prefix: str) -> tuple[str, ...]:
+        self.meter.muted = True
+        try:
+            return tuple(self.inner.list(prefix))
         finally:
             self.meter.muted = False
 
