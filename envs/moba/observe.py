@@ -66,7 +66,6 @@ class Observer:
         self.slot_scale = np.where(self.es, cfg.map_length / 2, cfg.hero_sight).astype(np.float32)
         self.hh = np.arange(H)[:, None]
         self.row_u = (np.arange(num_games) * lay.U)[:, None, None]
-        self.row_d = (np.arange(num_games) * lay.U * lay.U)[:, None, None]
         # Static part of the target table (heroes and structures); creep slots are filled every tick.
         self.static_units = np.zeros((H, T), np.int64)
         self.static_units[:, self.eh] = lay.enemy_heroes
@@ -77,7 +76,7 @@ class Observer:
                         HEAL: cfg.heal_range ** 2}
         self.type_slots = {ATTACK: self.enemy_slot | self.ac, NUKE: self.eh | self.ec, STUN: self.eh, HEAL: self.ah}
         self.ability_cost = {NUKE: (0, cfg.nuke_mana), STUN: (1, cfg.stun_mana), HEAL: (2, cfg.heal_mana)}
-        self.row_h = (np.arange(H) * lay.U)[None, :, None]
+        self.row_dh = (np.arange(num_games * H) * lay.U).reshape(num_games, H, 1)
         self.row_k = (np.arange(num_games * H) * lay.C_side).reshape(num_games, H, 1)
         self.row_hk = (np.arange(H) * lay.C_side)[None, :, None]
         self.hero_units = np.concatenate([lay.enemy_heroes, lay.ally_heroes], axis=1)
@@ -85,8 +84,12 @@ class Observer:
         self.ability_cooldowns = np.array([cfg.nuke_cooldown, cfg.stun_cooldown, cfg.heal_cooldown], np.float32)
         self.slot_xscale = (lay.side_sign[:, None] / self.slot_scale).astype(np.float32)
         self.slot_yscale = (1.0 / self.slot_scale).astype(np.float32)
-        self._tmp = np.zeros((num_games, lay.U, lay.U), np.float32)
-        self._sees = np.zeros((num_games, lay.U, lay.U), bool)
+        P = lay.P
+        self.side_sight2 = lay.sight2[lay.side_units]
+        self._sees = np.zeros((num_games, 2, P, P), bool)
+        self._seen = np.zeros((num_games, 2, P), bool)
+        self._tmp = np.zeros((num_games, P, P), np.float32)
+        self._htmp = np.zeros((num_games, H, lay.U), np.float32)
         self.team_index = np.eye(n, dtype=np.float32)[np.arange(H) % n]  # [H, n]: which hero of its team
         self.own_lane = np.eye(lay.lanes, dtype=np.float32)[lay.hero_lane]  # [H, lanes]
         own = lay.ally_structs - H  # [H, S_side]: structures never move, so their positions are fixed per hero
@@ -95,7 +98,12 @@ class Observer:
         self.mask[:, :, NOOP] = True
         self.mask[:, :, NUM_TYPES] = True
         # Filled by observe():
-        self.d2 = np.zeros((num_games, lay.U, lay.U), np.float32)
+        self.de = np.zeros((num_games, 2, P, P), np.float32)
+        """Squared distances between enemies: ``de[b, s, i, j]`` from unit ``side_units[s, i]`` to unit
+        ``side_units[1 - s, j]`` (so ``de[:, 1]`` is ``de[:, 0]`` transposed)."""
+        self.dh = np.zeros((num_games, H, lay.U), np.float32)
+        """Squared distances from every hero to every unit."""
+        self.alive_side = np.zeros((num_games, 2, P), bool)
         self.vulnerable = np.zeros((num_games, lay.U), bool)
         self.tgt_units = np.zeros((num_games, H, T), np.int64)
         self.type_mask = np.zeros((num_games, H, NUM_TYPES), bool)
@@ -110,25 +118,41 @@ class Observer:
         order = np.argsort(key, axis=2, kind="stable")[:, :, : self.cfg.k_creeps]
         return np.take(units, order + self.row_hk), np.take(present, order + self.row_k)
 
+    def _distances(self, st: State) -> np.ndarray:
+        """Fill ``de``, ``dh`` and ``alive_side``; returns sees [B, 2, P, P]: unit ``side_units[s, i]`` sees the
+        enemy ``side_units[1 - s, j]`` (a dead unit sees nothing)."""
+        lay, H = self.lay, self.lay.H
+        x, y = st.x, st.y
+        xs, ys = np.take(x, lay.side_units, axis=1), np.take(y, lay.side_units, axis=1)  # [B, 2, P]
+        e, tmp = self.de[:, 0], self._tmp
+        np.subtract(xs[:, 0, :, None], xs[:, 1, None, :], out=tmp)
+        np.multiply(tmp, tmp, out=e)
+        np.subtract(ys[:, 0, :, None], ys[:, 1, None, :], out=tmp)
+        np.multiply(tmp, tmp, out=tmp)
+        e += tmp
+        self.de[:, 1] = e.transpose(0, 2, 1)  # (a - b)² is (b - a)² to the bit
+        dh, tmp = self.dh, self._htmp
+        np.subtract(x[:, :H, None], x[:, None, :], out=tmp)
+        np.multiply(tmp, tmp, out=dh)
+        np.subtract(y[:, :H, None], y[:, None, :], out=tmp)
+        np.multiply(tmp, tmp, out=tmp)
+        dh += tmp
+        np.take(st.alive, lay.side_units, axis=1, out=self.alive_side)
+        sight2 = np.where(self.alive_side, self.side_sight2, -np.inf)
+        return np.less(self.de, sight2[..., None], out=self._sees)
+
     def observe(self, st: State) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(obs [B, H, obs_dim], action_mask [B, H, sum(heads)], active [B, H]) for the current state."""
         cfg, lay, H, B, T = self.cfg, self.lay, self.lay.H, self.B, self.T
         x, y = st.x, st.y
-        d2, tmp = self.d2, self._tmp
-        np.subtract(x[:, :, None], x[:, None, :], out=tmp)
-        np.multiply(tmp, tmp, out=d2)
-        np.subtract(y[:, :, None], y[:, None, :], out=tmp)
-        np.multiply(tmp, tmp, out=tmp)
-        d2 += tmp
-        sees = np.less(d2, lay.sight2[:, None], out=self._sees)
-        sees &= lay.enemy_pair
-        sees &= st.alive[:, :, None]
-        visible = sees.any(axis=1)
+        sees = self._distances(st)
+        seen = np.any(sees, axis=2, out=self._seen)  # [B, 2, P]: by side s, of the units of side 1 - s
+        visible = seen[:, ::-1].reshape(B, 2 * lay.P).take(lay.side_slot, axis=1)
         visible |= lay.is_struct
         visible &= st.alive
         vul = st.vulnerable()
         self.vulnerable = vul
-        dh = d2[:, :H, :]
+        dh = self.dh
 
         dhc = dh[:, self.hh, lay.enemy_creeps]
         ec_ids, ec_present = self._nearest_creeps(dhc, lay.enemy_creeps, visible[:, lay.enemy_creeps])
@@ -143,7 +167,7 @@ class Observer:
         present[:, :, self.ec] = ec_present
         present[:, :, self.ac] = ac_present
         present[:, :, self.ah] = np.take(st.alive, flat[:, :, self.ah])
-        dist2 = np.take(d2, tgt + self.row_d + self.row_h)
+        dist2 = np.take(dh, tgt + self.row_dh)
         hp = np.take(st.hp, flat)
         hpf = hp / np.take(st.max_hp, flat)
         tvul = np.take(vul, flat)
@@ -256,6 +280,7 @@ class Observer:
         f[2][:] = (sx - st.x[:, :H, None]) * (lay.side_sign[:, None] / length)
         f[3][:] = (sy - st.y[:, :H, None]) / length
         # [B, S]: the living enemies each structure sees (a dead unit keeps its last position).
-        threats = (sees[:, lay.ss, :] & st.alive[:, None, :]).sum(axis=2, dtype=np.float32)
+        threats = (sees[:, :, lay.ps, :] & self.alive_side[:, ::-1, None, :]).sum(axis=3, dtype=np.float32)
+        threats = threats.reshape(-1, lay.S)
         np.minimum(threats[:, lay.ally_structs - H] / THREAT_SCALE, 1.5, out=f[4])
         out[:, :, OWN_STRUCT_FEATURES * S:] = self.team_index

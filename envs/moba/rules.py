@@ -58,14 +58,14 @@ class Rules:
         lay = layout
         self.row_u = (np.arange(num_games) * lay.U)[:, None]
         self.row_h = (np.arange(num_games) * lay.H)[:, None]
-        # Flat offsets of the rows (game, creep) and (game, structure) of the [B, U, U] distance matrix.
-        game = np.arange(num_games)[:, None] * lay.U * lay.U
-        self.row_c = game + lay.creeps[None, :] * lay.U
-        self.row_s = (game + lay.structs[None, :] * lay.U)[:, :, None]
-        self.hero_penalty = np.where(lay.is_hero, 60.0, 0.0).astype(np.float32)
-        self.creep_lane_y = layout.creep_lane_y.astype(np.float32)
+        # Targets are enemies: a unit of side s picks a column of the other side's row of ``side_units``.
+        self.enemy_units = lay.side_units[::-1].copy()
+        self.row_side = (np.arange(2) * lay.P)[:, None]
+        enemy_hero = np.arange(lay.P) < lay.n
+        self.hero_penalty = np.where(enemy_hero, 60.0, 0.0).astype(np.float32)
         """Added to squared distance: creeps prefer anything over a hero."""
-        self.tower_penalty = np.where(lay.is_hero, 1e4, 0.0).astype(np.float32)
+        self.tower_penalty = np.where(enemy_hero, 1e4, 0.0).astype(np.float32)
+        self.creep_lane_y = layout.creep_lane_y.astype(np.float32)
         self.creep_dir = np.where(lay.team[lay.creeps] == 0, 10.0, -10.0).astype(np.float32)
         self.y_limit = float(cfg.lane_y().max() + 8.0)
         nw = cfg.creep_slots // cfg.wave_size
@@ -121,37 +121,44 @@ class Rules:
         return died, killer.reshape(self.B, U), tower_damage
 
     # ------------------------------------------------------------------ phase 2: creeps and structures act
-    def units_act(self, st: State, d2: np.ndarray, vulnerable: np.ndarray, jitter: np.ndarray) -> np.ndarray:
-        """Creeps and structures strike their chosen targets; creeps walk. Returns who died this phase."""
+    def units_act(self, st: State, de: np.ndarray, vulnerable: np.ndarray, jitter: np.ndarray) -> np.ndarray:
+        """Creeps and structures strike their chosen targets (``de``: the observer's enemy distances); creeps
+        walk. Returns who died this phase."""
         cfg, lay = self.cfg, self.lay
-        cs, ss, H = lay.cs, lay.ss, lay.H
+        cs, ss, n, B = lay.cs, lay.ss, lay.n, self.B
         dt = cfg.seconds_per_step
         living = st.alive & (st.hp > 0)
-        targetable = living & vulnerable
-        # Creeps: nearest enemy within aggro range, heroes last.
-        dc = d2[:, cs, :]
+        # [B, 2, 1, P]: which units of the other side each side may hit.
+        targetable = np.take(living & vulnerable, self.enemy_units, axis=1)[:, :, None, :]
+        # Creeps: nearest enemy within aggro range, heroes last. Enemies keep their unit order in a side row, so
+        # argmin breaks ties as it did over all units.
+        dc = de[:, :, lay.pc, :]
         valid = np.less(dc, cfg.creep_aggro ** 2)
-        valid &= lay.enemy_pair[cs]
-        valid &= targetable[:, None, :]
+        valid &= targetable
         score = np.add(dc, self.hero_penalty)
         score += ~valid * _FAR  # cheaper than masked assignment; rows with no valid target are ignored
-        ctgt = score.argmin(axis=2)
-        chas = valid.any(axis=2) & living[:, cs]
-        cdist2 = np.take(d2, ctgt + self.row_c)
+        col = score.argmin(axis=3)
+        ctgt = np.take(self.enemy_units, col + self.row_side).reshape(B, -1)
+        chas = valid.any(axis=3).reshape(B, -1) & living[:, cs]
+        cdist2 = np.take_along_axis(dc, col[..., None], axis=3).reshape(B, -1)
         in_range = chas & (cdist2 <= cfg.creep_range ** 2)
         cstrike = in_range & (st.atk_cd[:, cs] <= 0)
         # Structures: creeps first, heroes next, a hero that hit an allied hero under the tower first of all.
-        ds = d2[:, ss, :]
+        ds = de[:, :, lay.ps, :]
         svalid = np.less_equal(ds, cfg.tower_range ** 2)
-        svalid &= lay.enemy_pair[ss]
-        svalid &= targetable[:, None, :]
-        victim_d2 = np.take(d2, st.victim[:, None, :] + self.row_s)
-        punish = (st.aggro > 0)[:, None, :] & (victim_d2 <= cfg.tower_range ** 2)
+        svalid &= targetable
+        # [B, 2, S_side, n]: from each structure to the allied hero each enemy hero last hit.
+        vx = np.take_along_axis(st.x, st.victim, axis=1).reshape(B, 2, 1, n)[:, ::-1]
+        vy = np.take_along_axis(st.y, st.victim, axis=1).reshape(B, 2, 1, n)[:, ::-1]
+        victim_d2 = (st.x[:, ss].reshape(B, 2, -1, 1) - vx) ** 2 + (st.y[:, ss].reshape(B, 2, -1, 1) - vy) ** 2
+        aggro = (st.aggro > 0).reshape(B, 2, 1, n)[:, ::-1]
+        punish = aggro & (victim_d2 <= cfg.tower_range ** 2)
         sscore = ds + self.tower_penalty
-        sscore[:, :, :H] -= np.where(punish, np.float32(2e4), np.float32(0.0))
+        sscore[..., :n] -= np.where(punish, np.float32(2e4), np.float32(0.0))
         sscore += ~svalid * _FAR
-        stgt = sscore.argmin(axis=2)
-        sstrike = svalid.any(axis=2) & living[:, ss] & (st.atk_cd[:, ss] <= 0)
+        col = sscore.argmin(axis=3)
+        stgt = np.take(self.enemy_units, col + self.row_side).reshape(B, -1)
+        sstrike = svalid.any(axis=3).reshape(B, -1) & living[:, ss] & (st.atk_cd[:, ss] <= 0)
         # Damage from both in one scatter.
         size = self.B * lay.U
         taken = _scatter_add((ctgt + self.row_u)[cstrike], (st.damage[:, cs] * jitter[:, cs])[cstrike], size)
@@ -186,8 +193,9 @@ class Rules:
         np.clip(st.y[:, :lay.H], -self.y_limit, self.y_limit, out=st.y[:, :lay.H])
 
     def settle_deaths(self, st: State, died: np.ndarray, by_hero: np.ndarray, killer: np.ndarray,
-                      tower_damage: np.ndarray, d2: np.ndarray) -> Events:
-        """Remove the dead; pay last hits, denies, kills, XP and structure bounties."""
+                      tower_damage: np.ndarray, dh: np.ndarray) -> Events:
+        """Remove the dead; pay last hits, denies, kills, XP (``dh``: the observer's hero distances) and
+        structure bounties."""
         cfg, lay, B, H = self.cfg, self.lay, self.B, self.lay.H
         credited = by_hero & (killer >= 0)
         kteam = lay.team[np.maximum(killer, 0)]
@@ -205,7 +213,7 @@ class Rules:
         gold = last_hits * cfg.creep_gold + kills * cfg.kill_gold
         # XP to heroes near an enemy creep or hero that died (not for denied creeps).
         xp_src = died & ~deny & (lay.is_creep | lay.is_hero)
-        near = (d2[:, :H, :] <= cfg.xp_radius ** 2) & lay.enemy_pair[:H][None] & xp_src[:, None, :]
+        near = (dh <= cfg.xp_radius ** 2) & lay.enemy_pair[:H][None] & xp_src[:, None, :]
         near &= st.alive[:, :H, None]
         worth = np.where(lay.is_hero, cfg.kill_xp, cfg.creep_xp).astype(np.float32)
         xp = (near * worth).sum(axis=2, dtype=np.float32)

@@ -38,7 +38,7 @@ class FocusBot(LaneBot):
         """[B, H, n]: the enemy heroes (by index in their team) each hero may fight: alive, out of their towers'
         reach, and where its side has at least as many heroes near them as theirs."""
         env = self.env
-        st, lay, cfg, d2 = env.state, env.layout, env.cfg, env.observer.d2
+        st, lay, cfg, d2 = env.state, env.layout, env.cfg, env.observer.dh
         E, A, r2 = lay.enemy_heroes, lay.ally_heroes, self.reach ** 2
         enemy_alive = st.alive[:, E]  # [B, H, n]
         allies = ((d2[:, E[:, :, None], A[:, None, :]] <= r2) & st.alive[:, A][:, :, None, :]).sum(axis=3)
