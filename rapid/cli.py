@@ -124,6 +124,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     agent_cli.add_parsers(sub, _run_dir_arg)
 
+    p = sub.add_parser("retry", help="run an optimizer job again when it fails (a cluster job: no launcher restarts "
+                                     "it)", description="Run the command; when it fails (not a clean stop, not a usage "
+                       "error) run it again, after 1, 2, 4 … s, as `rapid train` restarts its optimizer; with "
+                       "--resume auto it continues from the newest checkpoint. SIGTERM/SIGINT reach the command and "
+                       "end the retries.",
+                       epilog="e.g. rapid retry -- srun --kill-on-bad-exit=1 rapid-optimizer --config run.toml "
+                              "--resume auto")
+    p.add_argument("--max-restarts", type=int, default=3,
+                   help="restarts in a row before giving up (default 3; ten healthy minutes clear the count)")
+    p.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the job's command (with --resume auto)")
+
     p = sub.add_parser("report", help="write PNG plots of a run from its logs")
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--out", help="output folder (default RUN_DIR/report)")
@@ -256,6 +267,13 @@ def cmd_role(args) -> int:
         return code
 
 
+def cmd_retry(args) -> int:
+    from rapid.roles.retry import run_retry
+
+    job = args.job[1:] if args.job[:1] == ["--"] else args.job
+    return run_retry(job, args.max_restarts)
+
+
 def cmd_report(args) -> int:
     from rapid.monitoring.report import write_report
 
@@ -330,7 +348,7 @@ def cmd_surgery(args) -> int:
 
 COMMANDS = {"train": cmd_train, "config": cmd_config, "eval": cmd_eval, "optimizer": cmd_role,
             "rollout": cmd_role, "evaluator": cmd_role, "inference": cmd_role,
-            "report": cmd_report, **agent_cli.COMMANDS,
+            "retry": cmd_retry, "report": cmd_report, **agent_cli.COMMANDS,
             "monitor": cmd_monitor, "league": cmd_league, "surgery": cmd_surgery}
 
 

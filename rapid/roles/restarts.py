@@ -47,8 +47,11 @@ class Verdict:
 
 
 class RestartPolicy:
-    def __init__(self, max_restarts: int, healthy_s: float = HEALTHY_S, max_delay_s: float = MAX_DELAY_S):
+    def __init__(self, max_restarts: int, healthy_s: float = HEALTHY_S, max_delay_s: float = MAX_DELAY_S,
+                 bound: str = "run.max_restarts"):
         self.max_restarts, self.healthy_s, self.max_delay_s = max_restarts, healthy_s, max_delay_s
+        self.bound = bound
+        """How the bound is set, for the line that says it was reached."""
         self.in_row = 0
         self.total = 0
         self._started_at = 0.0
@@ -70,7 +73,7 @@ class RestartPolicy:
         how = describe_exit(code)
         if self.in_row > self.max_restarts:
             return Verdict(False, 0.0, f"the optimizer {how} ({self.in_row} failures in a row); not restarting it "
-                                       f"(run.max_restarts = {self.max_restarts})")
+                                       f"({self.bound} = {self.max_restarts})")
         self.total += 1
         delay = min(self.max_delay_s, 2.0 ** (self.in_row - 1))
         return Verdict(True, delay, f"the optimizer {how}; restarting it from its newest checkpoint in {delay:g} s "
