@@ -1,17 +1,22 @@
 """infra/deploy/slurm/rapid.sbatch submitted for real to a Slurm cluster on this machine (issue 24): the
 heterogeneous job trains, and while it runs every task is a Prometheus target under its node's name, listed
-in the run dir's file_sd list and answering /metrics."""
+in the run dir's file_sd list and answering /metrics. Issue 57: an optimizer rank SIGKILLed mid-job is started
+again by the script (`rapid retry`) from the newest checkpoint, with no hand-typed --resume, and the job goes on."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import sys
 import urllib.request
 from pathlib import Path
 
 from rapid.infra.store import LocalStore
+from rapid.optimizer.checkpoints import checkpoint_versions
 from rapid.run.param_store import ParameterStore
-from tests.helpers import ROOT, wait_for
+from tests.helpers import ROOT, alive, wait_for
 from tests.slurm_cluster import slurm  # noqa: F401  (pytest finds fixtures by name)
 
 RUN_TOML = """
@@ -40,9 +45,9 @@ def scrape(target: str) -> str:
     return urllib.request.urlopen(f"http://{target}/metrics", timeout=5).read().decode()
 
 
-def test_the_sbatch_script_trains_and_its_tasks_are_scrapeable(slurm, tmp_path):  # noqa: F811
+def submit(slurm, tmp_path: Path, run_toml: str) -> str:  # noqa: F811
     config, run_dir, store = tmp_path / "run.toml", tmp_path / "run", tmp_path / "store"
-    config.write_text(RUN_TOML)
+    config.write_text(run_toml)
     env = {**slurm.env, "PATH": f"{Path(sys.executable).parent}:{slurm.env['PATH']}"}
     # The script's own header asks for 2 GPU nodes × 8 tasks and 16 CPU nodes × 64: the command line sizes
     # each component down to this machine (one optimizer rank, two rollout workers), as on any cluster.
@@ -52,7 +57,12 @@ def test_the_sbatch_script_trains_and_its_tasks_are_scrapeable(slurm, tmp_path):
                     "--partition=cpu", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
                     str(ROOT / "infra" / "deploy" / "slurm" / "rapid.sbatch"), env=env)
     assert out.returncode == 0, out.stderr
-    job = out.stdout.strip().split(";")[0]
+    return out.stdout.strip().split(";")[0]
+
+
+def test_the_sbatch_script_trains_and_its_tasks_are_scrapeable(slurm, tmp_path):  # noqa: F811
+    run_dir, store = tmp_path / "run", tmp_path / "store"
+    job = submit(slurm, tmp_path, RUN_TOML)
 
     def listed() -> list[dict]:
         path = run_dir / "metrics" / "targets.json"
@@ -81,3 +91,41 @@ def test_the_sbatch_script_trains_and_its_tasks_are_scrapeable(slurm, tmp_path):
     records = [json.loads(line) for line in (run_dir / "logs" / "optimizer.jsonl").read_text().splitlines()]
     assert records[-1]["update"] >= 6 and records[-1]["samples_received"] > 0
     assert ParameterStore(LocalStore(store)).latest_version() >= 1
+
+
+def test_an_optimizer_rank_killed_mid_job_is_started_again_from_its_checkpoint(slurm, tmp_path):  # noqa: F811
+    run_dir, store = tmp_path / "run", LocalStore(tmp_path / "store")
+    job = submit(slurm, tmp_path, RUN_TOML.replace("minutes = 0.3", "minutes = 0.4")
+                 .replace("[optimizer]", "[optimizer]\ncheckpoint_every = 3"))
+    params = ParameterStore(store)
+
+    def job_log() -> str:
+        path = tmp_path / "job.out"
+        return path.read_text() if path.exists() else "(no job output yet)"
+
+    def optimizer_pid() -> int | None:
+        try:
+            pid = json.loads((run_dir / "metrics" / "optimizer-0.json").read_text())["pid"]
+        except (OSError, ValueError, KeyError):
+            return None
+        return pid if alive(pid) else None
+
+    try:
+        try:
+            wait_for(lambda: (params.latest_version() or 0) >= 4 and checkpoint_versions(store), 150,
+                     "version 4 and a checkpoint")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{job_log()[-4000:]}\n{slurm.logs()}") from None
+        killed = wait_for(optimizer_pid, 30, "the optimizer rank's pid")
+        killed_at = params.latest_version()
+        os.kill(killed, signal.SIGKILL)
+        wait_for(lambda: slurm.job_done(job), 240, "the job to end")
+    finally:
+        slurm.run("scancel", job)
+    text = job_log()
+    assert re.search(r"retry WARNING the optimizer job exited with code \d+; restarting it from its newest "
+                     r"checkpoint in 1 s", text), text[-4000:]
+    resumed = re.search(r"resumed from checkpoint v\d+ \(update \d+\); next version (\d+)", text)
+    assert resumed and int(resumed.group(1)) > killed_at, text[-4000:]
+    assert "rapid optimizer finished (exit code 0)" in text, text[-4000:]
+    assert params.latest_version() > int(resumed.group(1)), "the restarted ranks trained on"
