@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rapid.envs.moba.config import ATTACK, HEAL, MOVE, NOOP, NUKE, NUM_DIRS, NUM_TYPES, STUN, MobaConfig
+from rapid.envs.moba.config import ATTACK, MOVE, NOOP, NUKE, NUM_DIRS, NUM_TYPES, MobaConfig
 from rapid.envs.moba.state import Layout, State
 
 SELF_FEATURES = 15
@@ -64,7 +64,6 @@ class Observer:
         self.eh, self.ec, self.es, self.ah, self.ac = (cat == c for c in range(5))
         self.enemy_slot = self.eh | self.ec | self.es
         self.slot_scale = np.where(self.es, cfg.map_length / 2, cfg.hero_sight).astype(np.float32)
-        self.hh = np.arange(H)[:, None]
         self.row_u = (np.arange(num_games) * lay.U)[:, None, None]
         # Static part of the target table (heroes and structures); creep slots are filled every tick.
         self.static_units = np.zeros((H, T), np.int64)
@@ -72,13 +71,23 @@ class Observer:
         self.static_units[:, self.es] = lay.enemy_structs
         self.static_units[:, self.ah] = lay.ally_heroes
         self.is_self = (self.static_units == np.arange(H)[:, None]) & self.ah
-        self.ranges2 = {ATTACK: cfg.hero_range ** 2, NUKE: cfg.nuke_range ** 2, STUN: cfg.stun_range ** 2,
-                        HEAL: cfg.heal_range ** 2}
-        self.type_slots = {ATTACK: self.enemy_slot | self.ac, NUKE: self.eh | self.ec, STUN: self.eh, HEAL: self.ah}
-        self.ability_cost = {NUKE: (0, cfg.nuke_mana), STUN: (1, cfg.stun_mana), HEAL: (2, cfg.heal_mana)}
+        # Attack, nuke, stun and heal (the types with a target, in order): reach and the slots each may use.
+        self.ranges2 = np.array([cfg.hero_range, cfg.nuke_range, cfg.stun_range, cfg.heal_range], np.float32) ** 2
+        self.type_slots = np.stack([self.enemy_slot | self.ac, self.eh | self.ec, self.eh, self.ah])
+        self.ability_cost = np.array([cfg.nuke_mana, cfg.stun_mana, cfg.heal_mana], np.float32)
         self.row_dh = (np.arange(num_games * H) * lay.U).reshape(num_games, H, 1)
-        self.row_k = (np.arange(num_games * H) * lay.C_side).reshape(num_games, H, 1)
-        self.row_hk = (np.arange(H) * lay.C_side)[None, :, None]
+        # Each hero's candidate creeps [H, 2, C] (enemy, then allied) and flat offsets into ``dh`` and into
+        # ``present_of`` (is a unit present to a hero: seen for enemies, alive for allies; [B, 2, U]).
+        C = lay.C_side
+        self.creep_units = np.stack([lay.enemy_creeps, lay.ally_creeps], axis=1)
+        self.at_creep_d = self.row_dh[:, :, :, None] + self.creep_units
+        games = np.arange(num_games)[:, None, None, None]
+        self.at_creep_present = games * 2 * lay.U + np.array([0, lay.U])[:, None] + self.creep_units
+        self.row_creep = (np.arange(H * 2) * C).reshape(H, 2, 1)
+        self.row_present = (np.arange(num_games) * 2 * lay.U)[:, None, None] + np.where(self.ah | self.ac, lay.U, 0)
+        self.present_of = np.zeros((num_games, 2, lay.U), bool)
+        self.k_slots = (slice(n, n + K), slice(T - K, T))
+        """The enemy and allied creep slots."""
         self.hero_units = np.concatenate([lay.enemy_heroes, lay.ally_heroes], axis=1)
         self.eh_ah = np.concatenate([np.flatnonzero(self.eh), np.flatnonzero(self.ah)])
         self.ability_cooldowns = np.array([cfg.nuke_cooldown, cfg.stun_cooldown, cfg.heal_cooldown], np.float32)
@@ -111,12 +120,8 @@ class Observer:
         self.target_valid = np.zeros((NUM_TYPES, num_games, H, T), bool)
         """Per action type (first axis: contiguous per type), which target slots it may use (none for noop
         and move)."""
-
-    def _nearest_creeps(self, d_creeps: np.ndarray, units: np.ndarray, present: np.ndarray) -> tuple:
-        """The K nearest present creeps of ``units [H, C]`` for each hero: (unit ids, present) [B, H, K]."""
-        key = np.where(present, d_creeps, np.float32(np.inf))
-        order = np.argsort(key, axis=2, kind="stable")[:, :, : self.cfg.k_creeps]
-        return np.take(units, order + self.row_hk), np.take(present, order + self.row_k)
+        self.tm_targeted = self.type_mask[:, :, ATTACK:].transpose(2, 0, 1)[..., None]
+        """[4, B, H, 1] view of ``type_mask``: whether attack, nuke, stun, heal are allowed."""
 
     def _distances(self, st: State) -> np.ndarray:
         """Fill ``de``, ``dh`` and ``alive_side``; returns sees [B, 2, P, P]: unit ``side_units[s, i]`` sees the
@@ -154,19 +159,19 @@ class Observer:
         self.vulnerable = vul
         dh = self.dh
 
-        dhc = dh[:, self.hh, lay.enemy_creeps]
-        ec_ids, ec_present = self._nearest_creeps(dhc, lay.enemy_creeps, visible[:, lay.enemy_creeps])
-        dhc = dh[:, self.hh, lay.ally_creeps]
-        ac_ids, ac_present = self._nearest_creeps(dhc, lay.ally_creeps, st.alive[:, lay.ally_creeps])
+        self.present_of[:, 0] = visible
+        self.present_of[:, 1] = st.alive
+        # The K nearest present enemy and allied creeps of each hero (the absent last, in unit order).
+        key = np.where(np.take(self.present_of, self.at_creep_present), np.take(dh, self.at_creep_d),
+                       np.float32(np.inf))
+        order = np.argsort(key, axis=3, kind="stable")[..., :cfg.k_creeps]
+        nearest = np.take(self.creep_units, order + self.row_creep)  # [B, H, 2, K]
         tgt = self.tgt_units
         tgt[:] = self.static_units
-        tgt[:, :, self.ec] = ec_ids
-        tgt[:, :, self.ac] = ac_ids
+        tgt[:, :, self.k_slots[0]] = nearest[:, :, 0]
+        tgt[:, :, self.k_slots[1]] = nearest[:, :, 1]
         flat = tgt + self.row_u
-        present = np.take(visible, flat)
-        present[:, :, self.ec] = ec_present
-        present[:, :, self.ac] = ac_present
-        present[:, :, self.ah] = np.take(st.alive, flat[:, :, self.ah])
+        present = np.take(self.present_of, tgt + self.row_present)
         dist2 = np.take(dh, tgt + self.row_dh)
         hp = np.take(st.hp, flat)
         hpf = hp / np.take(st.max_hp, flat)
@@ -174,28 +179,23 @@ class Observer:
 
         # Masks.
         can_act = st.alive[:, :H] & (st.stun <= 0)
-        tv = self.target_valid  # rows of noop and move stay False
-        for t in (ATTACK, NUKE, STUN, HEAL):
-            np.less_equal(dist2, self.ranges2[t], out=tv[t])
-            tv[t] &= present
-            tv[t] &= self.type_slots[t]
+        tv = self.target_valid[ATTACK:]  # rows of noop and move stay False
+        np.less_equal(dist2, self.ranges2[:, None, None, None], out=tv)
+        tv &= present
+        tv &= self.type_slots[:, None, None, :]
         deniable = hpf < cfg.deny_fraction
-        tv[ATTACK] &= np.where(self.ac, deniable, tvul)
+        tv[0] &= np.where(self.ac, deniable, tvul)
         tm = self.type_mask
         tm[:, :, MOVE] = can_act
-        for t in (ATTACK, NUKE, STUN, HEAL):
-            tm[:, :, t] = tv[t].any(axis=2)
+        tm[:, :, ATTACK:] = np.any(tv, axis=3).transpose(1, 2, 0)
         tm[:, :, ATTACK] &= st.atk_cd[:, :H] <= 0
-        for t, (k, cost) in self.ability_cost.items():
-            tm[:, :, t] &= (st.ability_cd[:, :, k] <= 0) & (st.mana >= cost)
+        tm[:, :, NUKE:] &= st.ability_cd <= 0
+        tm[:, :, NUKE:] &= st.mana[:, :, None] >= self.ability_cost
         tm[:, :, ATTACK:] &= can_act[:, :, None]
         mask = self.mask
-        target_mask = mask[:, :, NUM_TYPES + NUM_DIRS:]
-        allowed = tv[ATTACK] & tm[:, :, ATTACK, None]
-        for t in (NUKE, STUN, HEAL):
-            allowed |= tv[t] & tm[:, :, t, None]
+        allowed = np.any(tv & self.tm_targeted, axis=0)
         allowed[:, :, 0] |= ~allowed.any(axis=2)
-        target_mask[:] = allowed
+        mask[:, :, NUM_TYPES + NUM_DIRS:] = allowed
         mask[:, :, :NUM_TYPES] = tm
         mask[:, :, NUM_TYPES + 1:NUM_TYPES + NUM_DIRS] = can_act[:, :, None]
 
@@ -230,7 +230,7 @@ class Observer:
         rel *= self.slot_yscale
         np.clip(rel, -1.5, 1.5, out=rel)
         np.multiply(rel, pres, out=f[3])
-        f[4][:] = tv[ATTACK]
+        f[4][:] = tv[0]
         extra = np.where(self.ec, hp <= st.damage[:, :H, None], np.where(self.ac, deniable, tvul))
         np.logical_and(extra, present, out=extra)
         f[5][:] = extra

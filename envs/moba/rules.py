@@ -60,11 +60,26 @@ class Rules:
         self.row_h = (np.arange(num_games) * lay.H)[:, None]
         # Targets are enemies: a unit of side s picks a column of the other side's row of ``side_units``.
         self.enemy_units = lay.side_units[::-1].copy()
-        self.row_side = (np.arange(2) * lay.P)[:, None]
         enemy_hero = np.arange(lay.P) < lay.n
-        self.hero_penalty = np.where(enemy_hero, 60.0, 0.0).astype(np.float32)
-        """Added to squared distance: creeps prefer anything over a hero."""
-        self.tower_penalty = np.where(enemy_hero, 1e4, 0.0).astype(np.float32)
+        S, C, P = lay.S_side, lay.C_side, lay.P
+        # Per row of a side (structures, then creeps) and enemy column: added to the squared distance (creeps and
+        # towers prefer anything over a hero), and the reach a target must be within (strictly: a tower's
+        # "at most its range" is "below the next float").
+        self.penalty = np.where(enemy_hero, np.array([[1e4]] * S + [[60.0]] * C), 0.0).astype(np.float32)
+        tower_reach = np.nextafter(np.float32(cfg.tower_range ** 2), np.float32(np.inf))
+        self.reach2 = np.array([tower_reach] * S + [cfg.creep_aggro ** 2] * C, np.float32)[:, None]
+        # From the [B, 2, S + C] rows to unit order (structures of both sides, then creeps), and flat offsets of
+        # (game, side, row) in the score table, the distance table and the side rows of ``enemy_units``.
+        order = np.arange(2 * (S + C)).reshape(2, S + C)
+        self.row_order = np.concatenate([order[:, :S].ravel(), order[:, S:].ravel()])
+        side, row = self.row_order // (S + C), self.row_order % (S + C)
+        game = np.arange(num_games)[:, None]
+        self.at_score = ((game * 2 + side) * (S + C) + row) * P
+        self.at_de = ((game * 2 + side) * P + lay.n + row) * P
+        self.at_side = (side * P)[None, :]
+        self.strike2 = np.where(row < S, cfg.tower_range ** 2, cfg.creep_range ** 2).astype(np.float32)
+        self.cooldown = np.where(row < S, cfg.tower_cooldown, cfg.creep_cooldown).astype(np.float32)
+        self.scatter_part = np.where(row < S, num_games * lay.U, 0)
         self.creep_lane_y = layout.creep_lane_y.astype(np.float32)
         self.creep_dir = np.where(lay.team[lay.creeps] == 0, 10.0, -10.0).astype(np.float32)
         self.y_limit = float(cfg.lane_y().max() + 8.0)
@@ -125,48 +140,38 @@ class Rules:
         """Creeps and structures strike their chosen targets (``de``: the observer's enemy distances); creeps
         walk. Returns who died this phase."""
         cfg, lay = self.cfg, self.lay
-        cs, ss, n, B = lay.cs, lay.ss, lay.n, self.B
+        n, H, B, S2 = lay.n, lay.H, self.B, 2 * lay.S_side
         dt = cfg.seconds_per_step
         living = st.alive & (st.hp > 0)
-        # [B, 2, 1, P]: which units of the other side each side may hit.
-        targetable = np.take(living & vulnerable, self.enemy_units, axis=1)[:, :, None, :]
-        # Creeps: nearest enemy within aggro range, heroes last. Enemies keep their unit order in a side row, so
-        # argmin breaks ties as it did over all units.
-        dc = de[:, :, lay.pc, :]
-        valid = np.less(dc, cfg.creep_aggro ** 2)
-        valid &= targetable
-        score = np.add(dc, self.hero_penalty)
-        score += ~valid * _FAR  # cheaper than masked assignment; rows with no valid target are ignored
-        col = score.argmin(axis=3)
-        ctgt = np.take(self.enemy_units, col + self.row_side).reshape(B, -1)
-        chas = valid.any(axis=3).reshape(B, -1) & living[:, cs]
-        cdist2 = np.take_along_axis(dc, col[..., None], axis=3).reshape(B, -1)
-        in_range = chas & (cdist2 <= cfg.creep_range ** 2)
-        cstrike = in_range & (st.atk_cd[:, cs] <= 0)
-        # Structures: creeps first, heroes next, a hero that hit an allied hero under the tower first of all.
-        ds = de[:, :, lay.ps, :]
-        svalid = np.less_equal(ds, cfg.tower_range ** 2)
-        svalid &= targetable
+        # Rows: each side's structures and creeps; columns: the other side's units, in unit order, so argmin
+        # breaks ties as it did over all units. Creeps take the nearest enemy within aggro range, heroes last;
+        # structures creeps first, heroes next, a hero that hit an allied hero under the tower first of all.
+        dr = de[:, :, n:, :]
+        valid = np.less(dr, self.reach2)
+        valid &= np.take(living & vulnerable, self.enemy_units, axis=1)[:, :, None, :]
+        score = np.add(dr, self.penalty)
         # [B, 2, S_side, n]: from each structure to the allied hero each enemy hero last hit.
         vx = np.take_along_axis(st.x, st.victim, axis=1).reshape(B, 2, 1, n)[:, ::-1]
         vy = np.take_along_axis(st.y, st.victim, axis=1).reshape(B, 2, 1, n)[:, ::-1]
-        victim_d2 = (st.x[:, ss].reshape(B, 2, -1, 1) - vx) ** 2 + (st.y[:, ss].reshape(B, 2, -1, 1) - vy) ** 2
-        aggro = (st.aggro > 0).reshape(B, 2, 1, n)[:, ::-1]
-        punish = aggro & (victim_d2 <= cfg.tower_range ** 2)
-        sscore = ds + self.tower_penalty
-        sscore[..., :n] -= np.where(punish, np.float32(2e4), np.float32(0.0))
-        sscore += ~svalid * _FAR
-        col = sscore.argmin(axis=3)
-        stgt = np.take(self.enemy_units, col + self.row_side).reshape(B, -1)
-        sstrike = svalid.any(axis=3).reshape(B, -1) & living[:, ss] & (st.atk_cd[:, ss] <= 0)
-        # Damage from both in one scatter.
-        size = self.B * lay.U
-        taken = _scatter_add((ctgt + self.row_u)[cstrike], (st.damage[:, cs] * jitter[:, cs])[cstrike], size)
-        taken += _scatter_add((stgt + self.row_u)[sstrike], (st.damage[:, ss] * jitter[:, ss])[sstrike], size)
-        st.atk_cd[:, cs][cstrike] = cfg.creep_cooldown
-        st.atk_cd[:, ss][sstrike] = cfg.tower_cooldown
-        st.hp -= taken.reshape(self.B, lay.U)
+        victim_d2 = (st.x[:, lay.ss].reshape(B, 2, -1, 1) - vx) ** 2 + (st.y[:, lay.ss].reshape(B, 2, -1, 1) - vy) ** 2
+        punish = (st.aggro > 0).reshape(B, 2, 1, n)[:, ::-1] & (victim_d2 <= cfg.tower_range ** 2)
+        score[:, :, :lay.S_side, :n] -= np.where(punish, np.float32(2e4), np.float32(0.0))
+        score = np.where(valid, score, np.float32(np.inf))  # rows with no valid target are ignored
+        # What each structure and creep ([B, S + 2 C], in unit order) chose, how far it is, whether it exists.
+        col = np.take(score.argmin(axis=3).reshape(B, -1), self.row_order, axis=1)
+        has = np.take(score, col + self.at_score) < np.inf
+        has &= living[:, H:]
+        in_range = has & (np.take(de, col + self.at_de) <= self.strike2)
+        tgt = np.take(self.enemy_units, col + self.at_side)
+        strike = in_range & (st.atk_cd[:, H:] <= 0)
+        # Creeps' and structures' damage summed apart, then added, as two scatters did.
+        idx = (tgt + self.row_u + self.scatter_part)[strike]
+        taken = _scatter_add(idx, (st.damage[:, H:] * jitter[:, H:])[strike], 2 * B * lay.U).reshape(2, B, lay.U)
+        np.copyto(st.atk_cd[:, H:], self.cooldown, where=strike)
+        st.hp -= taken[0] + taken[1]
+        ctgt, in_range, chas = tgt[:, S2:], in_range[:, S2:], has[:, S2:]
         # Creeps move: towards a target out of reach, else down their lane (drifting back onto it).
+        cs = lay.cs
         cx, cy = st.x[:, cs], st.y[:, cs]
         tx = np.take(st.x, ctgt + self.row_u)
         ty = np.take(st.y, ctgt + self.row_u)

@@ -104,11 +104,6 @@ class Layout:
         self.enemy_structs = side_structs[1 - hero_side]
         self.ally_creeps = side_creeps[hero_side]
         self.enemy_creeps = side_creeps[1 - hero_side]
-        # Which structure protects which: an inner tower needs its outer tower down; the ancient needs
-        # both towers of at least one lane down.
-        self.outer_of_inner = np.array(
-            [self.H + s * self.S_side + l_ * 2 for s in range(2) for l_ in range(L)], dtype=np.int64)
-        self.inner = self.outer_of_inner + 1
         self.ancients = np.array([self.H + self.S_side - 1, self.H + self.S - 1], dtype=np.int64)
 
     def away_from_own_lane(self, hero_y: np.ndarray) -> np.ndarray:
@@ -188,11 +183,13 @@ class State:
 
     def vulnerable(self) -> np.ndarray:
         """bool [B, U]: the unit can be damaged now (structures only once the ones in front are down)."""
-        lay = self.layout
+        lay, L = self.layout, self.layout.lanes
         vul = self.alive.copy()
-        vul[:, lay.inner] &= ~self.alive[:, lay.outer_of_inner]
-        inner_alive = self.alive[:, lay.inner].reshape(-1, 2, lay.lanes)
-        outer_alive = self.alive[:, lay.outer_of_inner].reshape(-1, 2, lay.lanes)
-        lane_open = ~(inner_alive | outer_alive)
-        vul[:, lay.ancients] &= lane_open.any(axis=2)
+        # [B, 2, S_side]: per side, each lane's outer and inner tower, then the ancient.
+        structs = self.alive[:, lay.ss].reshape(-1, 2, lay.S_side)
+        outer, inner = structs[:, :, 0:2 * L:2], structs[:, :, 1:2 * L:2]
+        open_ = structs.copy()
+        open_[:, :, 1:2 * L:2] &= ~outer
+        open_[:, :, 2 * L] &= ~(inner | outer).all(axis=2)
+        vul[:, lay.ss] = open_.reshape(-1, lay.S)
         return vul
