@@ -49,14 +49,20 @@ def test_a_small_fleet_is_healthy_by_every_figure(healthy):
 
 @pytest.mark.parametrize("fault, moved", [
     ("params-outage=150", {"writer_wait_s", "fold_lag_p99_s"}),  # workers stay on the newest version stored
-    ("wrong-meta", {"updates_share"}),  # the writer refuses the object: rank 0 stops, its peers wait
+    # the writer refuses the object: rank 0 stops, its peers wait in the next collective
+    ("wrong-meta", {"updates_share", "ranks_stop_spread_s"}),
     ("stale-drop", {"trained_share"}),
     ("keeper-stopped", {"pool_games_share", "fold_lag_p99_s"}),
     ("one-shard", {"updates_share"}),
     ("hung-get=30", {"poller_failures"}),
+    ("experience-outage=150", {"trained_share", "pool_games_share"}),
+    ("rank-stop", {"updates_share", "publish_cadence"}),
 ])
 def test_each_fault_moves_its_figure_past_its_bound(fault, moved):
-    assert moved <= failing(run("--fault", fault))
+    fig = run("--max-backlog", "2", "--fault", fault)
+    assert moved <= failing(fig)
+    # Whatever the fault, every sample is trained or lost for a named reason, and the ranks update together.
+    assert {"unaccounted_samples", "rank_updates_spread"}.isdisjoint(failing(fig))
 
 
 def test_an_unhealthy_run_exits_1_with_one_line_per_figure_and_its_bounds_in_the_json(tmp_path, capsys):
@@ -130,3 +136,19 @@ def test_list_pages_and_start_after_like_s3():
             "experience/s0/02498.rxp", "experience/s0/02499.rxp"]
     assert sum(n for (f, op, _), n in meter.requests.items() if op == "LIST") == 3 + 1
     assert sum(n for (f, op, _), n in meter.requests.items() if op == "PUT") == 2500
+
+
+def test_every_mutant_plants_its_bug_and_a_planted_one_fails_its_figure(tmp_path):
+    import bench_mutants
+    from fleet.mutants import MUTANTS
+
+    code = bench_mutants.install_copy(tmp_path / "copy")
+    for m in MUTANTS:  # each edit's text is in rapid exactly once: none runs unmutated after a refactor
+        text = (code / m.path).read_text()
+        assert all(text.count(old) == 1 for old, _ in m.edits), m.name
+    (node_cache,) = [m for m in MUTANTS if m.name == "node-cache-rereads-latest"]
+    bench_mutants.plant(code, node_cache)
+    with pytest.raises(bench_mutants.AnchorMissing):
+        bench_mutants.plant(code, node_cache)  # planted once: its text is gone
+    how, failures = bench_mutants.run_fleet(code, SMALL, tmp_path / "fleet.json")
+    assert how == "ok" and "latest_gets_per_node_poll" in failures

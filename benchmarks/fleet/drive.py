@@ -47,6 +47,7 @@ class Group:
         self._asked: dict[int, tuple[object, AllReduce | AllGather, float]] = {}  # rank → (actor, request, arrival)
         self._answers: dict[int, object] = {}
         self.collectives = 0
+        self.gathers = 0  # all-gathers: the ranks pooling their games for the league
         self.seconds = 0.0  # simulated seconds all collectives cost (without the waits for stragglers)
         self.straggler_wait_s = 0.0  # summed over collectives: last arrival − first arrival
 
@@ -72,6 +73,7 @@ class Group:
             cost = self.links.all_reduce_s(self.size, 8 * len(keys))
             answers = {r: dict(summed) for r in range(self.size)}
         elif len(gathers) == self.size:
+            self.gathers += 1
             blobs = [req.blob for req in gathers]
             cost = self.links.all_gather_s(self.size, max(len(b) for b in blobs))
             answers = {r: list(blobs) for r in range(self.size)}

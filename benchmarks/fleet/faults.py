@@ -11,6 +11,10 @@
   thousands of workers, ``list_pages_per_poll``.
 - ``hung-get=S``: from ``FAULT_AT_S`` one reader a node has each ``params/LATEST`` GET hang S seconds, then time
   out; moves ``poller_failures``.
+- ``experience-outage=S``: experience PUTs answer 500 for S seconds from ``FAULT_AT_S``: the uploaders' backlogs
+  fill and drop their oldest objects; moves ``trained_share`` (the samples lost are named: backlog dropped).
+- ``rank-stop``: at ``FAULT_AT_S`` the last rank's stop flag is set (a signal to one process): every rank must
+  leave with it, together; moves ``updates_share`` (the run ends early), never ``ranks_stop_spread_s``.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from .standins import StoreWrapper
 
 FAULT_AT_S = 120.0
 """When the timed faults start: after the first minute, when the healthy figures are measured from."""
-NAMES = ("params-outage", "wrong-meta", "stale-drop", "keeper-stopped", "one-shard", "hung-get")
+NAMES = ("params-outage", "wrong-meta", "stale-drop", "keeper-stopped", "one-shard", "hung-get", "experience-outage",
+         "rank-stop")
+TIMED = ("params-outage", "hung-get", "experience-outage")
 
 
 class UsageError(ValueError):
@@ -42,6 +48,8 @@ class Faults:
     keeper_stopped: bool = False
     one_shard: bool = False
     hung_get_s: float = 0.0
+    experience_outage_s: float = 0.0
+    rank_stop: bool = False
 
     @classmethod
     def parse(cls, specs: list[str]) -> Faults:
@@ -50,25 +58,25 @@ class Faults:
             name, _, arg = spec.partition("=")
             if name not in NAMES:
                 raise UsageError(f"unknown fault {name!r}; known: {', '.join(NAMES)}")
-            timed = name in ("params-outage", "hung-get")
+            timed = name in TIMED
             if timed != bool(arg):
                 raise UsageError(f"--fault {name}" + ("=SECONDS needs a duration" if timed else " takes no value"))
             try:
                 seconds = float(arg) if timed else 0.0
             except ValueError:
                 raise UsageError(f"--fault {spec}: {arg!r} is not a number of seconds") from None
-            if name == "params-outage":
-                f.params_outage_s = seconds
-            elif name == "hung-get":
-                f.hung_get_s = seconds
+            if timed:
+                setattr(f, {"params-outage": "params_outage_s", "hung-get": "hung_get_s",
+                            "experience-outage": "experience_outage_s"}[name], seconds)
             else:
                 setattr(f, name.replace("-", "_"), True)
         return f
 
     def names(self) -> list[str]:
         out = [f"params-outage={self.params_outage_s:g}"] if self.params_outage_s else []
-        out += [n for n in ("wrong-meta", "stale-drop", "keeper-stopped", "one-shard")
+        out += [n for n in ("wrong-meta", "stale-drop", "keeper-stopped", "one-shard", "rank-stop")
                 if getattr(self, n.replace("-", "_"))]
+        out += [f"experience-outage={self.experience_outage_s:g}"] if self.experience_outage_s else []
         return out + ([f"hung-get={self.hung_get_s:g}"] if self.hung_get_s else [])
 
     def apply(self, settings, store) -> None:
@@ -77,6 +85,8 @@ class Faults:
             settings.max_staleness = 0
         if self.params_outage_s:
             store.fail_puts("params/", FAULT_AT_S, FAULT_AT_S + self.params_outage_s)
+        if self.experience_outage_s:
+            store.fail_puts("experience/", FAULT_AT_S, FAULT_AT_S + self.experience_outage_s)
 
     def params_store(self, store) -> ParameterStore:
         return WrongMeta(store) if self.wrong_meta else ParameterStore(store)

@@ -43,6 +43,7 @@ class Ledger:
     shape: Shape
     samples: dict[str, np.ndarray] = field(default_factory=dict)  # experience key → the sample ids it holds
     games: dict[str, int] = field(default_factory=dict)  # experience key → the finished games it carries
+    by_worker: dict[str, list[str]] = field(default_factory=dict)  # uploader's worker name → its experience keys
     versions: dict[int, Version] = field(default_factory=dict)
     latest: list[tuple[float, int]] = field(default_factory=list)  # (time, version) of each LATEST write
     checkpoints: list[tuple[float, int, int]] = field(default_factory=list)  # (time, version, updates)
@@ -61,6 +62,7 @@ class Ledger:
             batch = decode_experience(data, self.shape)
             self.samples[key] = batch.arrays["obs"][SAMPLE_ID].astype(np.int64)
             self.games[key] = len(batch.episodes)
+            self.by_worker.setdefault(batch.worker, []).append(key)
         elif key == PARAMS_LATEST:
             self.latest.append((at, int(data.decode("ascii"))))
         elif (version := parse_params_key(key)) is not None:

@@ -26,7 +26,7 @@ import numpy as np
 from rapid.errors import FormatError
 from rapid.infra.store import KeyNotFound, Store
 from rapid.league import League
-from rapid.optimizer.checkpoints import load_checkpoint
+from rapid.optimizer.checkpoints import load_checkpoint, load_latest_checkpoint
 from rapid.run.store_map import CHECKPOINTS_PREFIX, parse_checkpoint_key, parse_params_key
 
 from .report import MEASURE_FROM_S
@@ -73,7 +73,8 @@ def sample_ledger(fleet) -> dict[str, int]:
     stored = set(ledger.stored_ids().tolist())
     trained: set[int] = set().union(*(r.learner.trained for r in fleet.ranks))
     out = dict.fromkeys(("made", "trained", "backlog_dropped", "encoder_refused", "unsent_at_end", "never_loaded",
-                         "loader_refused", "stale", "evicted", "unused_at_end", "drawn_at_stop", "unaccounted"), 0)
+                         "loader_refused", "stale", "evicted", "unused_at_end", "drawn_at_stop", "stored_twice",
+                         "unaccounted"), 0)
     for w in fleet.all_workers:  # the upload side, worker by worker: what never reached the store
         made = w.source.produced
         missing = sum(1 for i in made if i not in stored)
@@ -108,8 +109,27 @@ def sample_ledger(fleet) -> dict[str, int]:
         out["drawn_at_stop"] += at_stop
         named += b.dropped_stale + b.evicted_unused + b.unused + at_stop
         out["unaccounted"] += abs(drawn - at_stop)
+    out["stored_twice"] = len(ledger.stored_ids()) - len(stored)  # a count without a sample of its own
+    out["unaccounted"] += out["stored_twice"]
     out["trained"] = len(trained & stored)
     out["unaccounted"] += abs(len(stored - trained) - named)
+    return out
+
+
+def backlog_kept_older(fleet) -> int:
+    """Samples an uploader kept (stored after its last drop) that are older than one it dropped: a full backlog
+    must drop its oldest objects, so that nothing newer is lost."""
+    ledger, visible = fleet.ledger, fleet.meter.visible_at
+    stored = set(ledger.stored_ids().tolist())
+    out = 0
+    for w in fleet.all_workers:
+        if w.last_drop_at is None:
+            continue
+        mine = set(w.source.produced)
+        newest_lost = max((i for i in mine if i not in stored), default=-1)
+        for key in ledger.by_worker.get(w.id, ()):
+            if visible[key] > w.last_drop_at:
+                out += sum(1 for i in ledger.samples[key].tolist() if i in mine and i < newest_lost)
     return out
 
 
@@ -123,7 +143,8 @@ def publish_figures(fleet, reached: float) -> dict:
     counted = [v for v, at in moved if MEASURE_FROM_S <= at <= end]
     cadence = len(counted) * s.publish_s / max(end - MEASURE_FROM_S, 1e-9)
     bad = sum(b < a for (_, a), (_, b) in zip(ledger.latest, ledger.latest[1:]))  # LATEST backwards
-    bad += sum(v not in ledger.versions for _, v in ledger.latest)  # a pointer to nothing
+    # a pointer to nothing (yet): LATEST must move only after the version's object is stored
+    bad += sum(v not in ledger.versions or ledger.versions[v].at > at for at, v in ledger.latest)
     last_updates = -1
     for v in sorted(ledger.versions):
         ver = ledger.versions[v]
@@ -187,16 +208,30 @@ def checkpoint_figures(fleet, peek: PeekStore) -> dict:
             bad += int(not np.all(ckpt.model["w"] == ckpt.updates) or version not in ledger.versions)
         except (KeyNotFound, FormatError, KeyError, ValueError):
             bad += 1
+    if ledger.checkpoints:  # the one a resume starts from: what checkpoints/LATEST names, loadable
+        try:
+            bad += int(load_latest_checkpoint(peek) is None)
+        except (KeyNotFound, FormatError, KeyError, ValueError):
+            bad += 1
     return {"checkpoint_gap": float(gaps.max()) / s.checkpoint_every, "checkpoints_bad": bad}
 
 
-def rank_figures(fleet) -> dict:
-    """Seconds between the first and the last rank leaving (inf if one never left, or one raised), and the
-    spread of their update counts (ranks in lock step take every update together)."""
+def rank_figures(fleet, reached: float) -> dict:
+    """Seconds between the first and the last rank leaving (inf if one never left, or one raised); the spread
+    of their update counts (ranks in lock step take every update together); updates rank 0 made that no
+    version holds after the stop (a clean stop publishes them); the ranks' pooling of games (an all-gather)
+    per fold interval (half a publish interval with balancing)."""
+    s, ledger = fleet.s, fleet.ledger
     ends = [r.ended_at for r in fleet.ranks]
     spread = math.inf if None in ends or any(r.failure for r in fleet.ranks) else max(ends) - min(ends)
     counts = [r.learner.updates for r in fleet.ranks]
-    return {"ranks_stop_spread_s": spread, "rank_updates_spread": max(counts) - min(counts)}
+    newest = max(ledger.versions, default=None)
+    held = ledger.versions[newest].updates if newest is not None else None
+    unpublished = counts[0] - (held or 0) if reached >= s.sim_s else 0  # a run cut short never stopped
+    gathers = fleet.group.gathers if fleet.group else 0
+    return {"ranks_stop_spread_s": spread, "rank_updates_spread": max(counts) - min(counts),
+            "unpublished_updates": unpublished,
+            "pools_per_fold_interval": gathers / max(1.0, (reached + s.drain_s) / (s.publish_s / 2))}
 
 
 def cache_figures(fleet, reached: float) -> dict:
@@ -217,7 +252,8 @@ def readback(fleet, reached: float) -> dict:
     fig["unaccounted_samples"] = fig["samples"]["unaccounted"]
     fig["trained_share"] = fig["samples"]["trained"] / max(1, fig["samples"]["made"])
     for part in (publish_figures(fleet, reached), league_figures(fleet, peek), checkpoint_figures(fleet, peek),
-                 rank_figures(fleet), cache_figures(fleet, reached)):
+                 rank_figures(fleet, reached), cache_figures(fleet, reached)):
         fig.update(part)
     fig["unreadable_objects"] = len(fleet.ledger.unreadable)
+    fig["backlog_kept_older"] = backlog_kept_older(fleet)
     return fig

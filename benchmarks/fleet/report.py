@@ -76,10 +76,13 @@ BOUNDS = {
     "checkpoints_bad": ("<=", 0),
     "ranks_stop_spread_s": ("<=", 10.0),
     "rank_updates_spread": ("<=", 0),
+    "unpublished_updates": ("<=", 0),
+    "pools_per_fold_interval": ("<=", 1.5),
     "latest_gets_per_node_poll": ("<=", 1.5),
     "version_gets_per_node": ("<=", 1.5),
     "unreadable_objects": ("<=", 0),
     "loaded_twice": ("<=", 0),
+    "backlog_kept_older": ("<=", 0),
 }
 """The bound each health figure must keep (the issue's, at the product card's shape; None: from the run's
 cadence; "in": a closed range)."""

@@ -45,7 +45,7 @@ from rapid.run.run_watch import RunWatch
 from rapid.run.store_map import PARAMS_LATEST, POOL_POINTER, read_layout, write_layout
 
 from .drive import Group, Links, loop_actor
-from .faults import Faults
+from .faults import FAULT_AT_S, Faults
 from .ledger import Ledger
 from .report import MEASURE_FROM_S
 from .sched import Actor, OutOfTime, Scheduler
@@ -168,6 +168,7 @@ class Worker:
         reads = fleet.node_store(index, store)
         shards = 1 if fleet.faults.one_shard else (read_layout(store) or 1)
         self.uploader = Uploader(store, self.id, s.upload_s, s.max_backlog, shards=shards, clock=clock.time,
+                                 on_drop=self._dropped,
                                  incarnation=f"{at:.0f}{int(rng.integers(1 << 24)):06x}")
         self.poller = ParamPoller(ParameterStore(reads), s.param_poll_s, QUIET, on_failure=fleet.poller_failed,
                                   rng=random.Random(int(rng.integers(1 << 31))))
@@ -181,6 +182,7 @@ class Worker:
                                 QUIET, clock=clock)
         self.done = False
         self.started_at, self.left_at = at, None
+        self.last_drop_at: float | None = None  # when its uploader last dropped an object (its backlog full)
         self.games_sealed = 0
         fleet.all_workers.append(self)
         skew = float(rng.uniform(-s.skew_s, s.skew_s)) if s.skew_s else 0.0
@@ -214,6 +216,9 @@ class Worker:
             self.uploader.upload_pending()
             # After a failure the uploading thread tries again an upload interval later (botocore retried already).
             yield self.fleet.clock.t() + (self.fleet.s.upload_s if self.uploader.stats.failures > failures else 0.0)
+
+    def _dropped(self, samples: int) -> None:
+        self.last_drop_at = self.fleet.clock.t()
 
     def leave(self) -> None:
         self.stop.set("stopped")
@@ -359,6 +364,8 @@ class Fleet:
         self.sched.start(Actor("monitor", self._monitor()), 60.0)
         if s.churn:
             self.sched.start(Actor("churn", self._churn()), s.upload_s)
+        if self.faults.rank_stop:
+            self.sched.start(Actor("rank stop", self._stop_one_rank()), FAULT_AT_S)
 
     def charged(self, store, decoder: object = None):
         return CpuCharged(store, self.clock, self.meter.latency, self.s.costs, decoder)
@@ -418,6 +425,10 @@ class Fleet:
         self.received_to = self.ranks[0].buffer.stats().received
         for w in self.workers.values():
             w.leave()
+        yield None
+
+    def _stop_one_rank(self):
+        self.ranks[-1].stop.set("signal")  # one process told to stop: the agreement takes every rank with it
         yield None
 
     def _stop_ranks(self):
