@@ -79,9 +79,14 @@ class Child:
     def returncode(self) -> int | None:
         return self.proc.returncode if self.proc else None
 
-    def stop(self) -> None:
+    def stop(self, reason: str = "launcher") -> None:
+        """SIGTERM (the process logs the signal as its reason)."""
         if self.proc is not None and self.alive():
             self.proc.send_signal(signal.SIGTERM)
+
+    def stopped_by(self) -> str:
+        """Why the role stopped by itself, where a process can tell ('' here: its log says)."""
+        return ""
 
     def wait(self, timeout: float) -> None:
         if self.proc is None:
@@ -125,8 +130,12 @@ class ThreadRole:
     def alive(self) -> bool:
         return self.thread is not None and self.thread.is_alive()
 
-    def stop(self) -> None:
-        self.flag.set("launcher")
+    def stop(self, reason: str = "launcher") -> None:
+        self.flag.set(reason)
+
+    def stopped_by(self) -> str:
+        """Why the role stopped by itself (``run.updates`` reached: 'updates'), from its stop flag."""
+        return self.flag.reason if self.flag else ""
 
     def wait(self, timeout: float) -> None:
         if self.thread is not None:
@@ -291,7 +300,8 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_
                 code = optimizer.returncode
                 verdict = restarts.after_exit(code if code is not None else 1, time.time())
                 if not verdict.restart:
-                    reason = verdict.line or reason
+                    why = optimizer.stopped_by()
+                    reason = verdict.line or (f"stopped by {why}" if why else reason)
                     break
                 deaths.append(Death(time.time(), code if code is not None else 1))
                 metrics.restart("optimizer")
@@ -327,7 +337,7 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_
     finally:
         for child in helpers:
             child.stop()
-        optimizer.stop()
+        optimizer.stop(stop.reason if stop else "launcher")  # in process: its own flag gets the run's reason
         for child in helpers:
             child.wait(30)
         for server in servers:  # after the workers, which would otherwise lose it mid-step
