@@ -70,7 +70,7 @@ class MobaVecEnv(VecMultiAgentEnv):
         jitter = 1.0 + cfg.damage_jitter * (2.0 * self.rng.random((B, lay.U), dtype=np.float32) - 1.0)
 
         died_h, killer, tower_dmg = ru.heroes_act(st, etype, tgt, jitter)
-        died = ru.units_act(st, ob.de, ob.vulnerable, jitter)
+        died = ru.units_act(st, ob.de, ob.side_rows, ob.vulnerable, jitter)
         ru.move_heroes(st, etype, adir)
         ev = ru.settle_deaths(st, died, died_h, killer, tower_dmg, ob.dh)
         ru.tick_timers(st)

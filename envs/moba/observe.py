@@ -93,12 +93,8 @@ class Observer:
         self.ability_cooldowns = np.array([cfg.nuke_cooldown, cfg.stun_cooldown, cfg.heal_cooldown], np.float32)
         self.slot_xscale = (lay.side_sign[:, None] / self.slot_scale).astype(np.float32)
         self.slot_yscale = (1.0 / self.slot_scale).astype(np.float32)
-        P = lay.P
-        self.side_sight2 = lay.sight2[lay.side_units]
-        self._sees = np.zeros((num_games, 2, P, P), bool)
-        self._seen = np.zeros((num_games, 2, P), bool)
-        self._tmp = np.zeros((num_games, P, P), np.float32)
         self._htmp = np.zeros((num_games, H, lay.U), np.float32)
+        self.first_creep = (lay.H + lay.S + np.arange(2) * lay.C_side)[:, None]
         self.team_index = np.eye(n, dtype=np.float32)[np.arange(H) % n]  # [H, n]: which hero of its team
         self.own_lane = np.eye(lay.lanes, dtype=np.float32)[lay.hero_lane]  # [H, lanes]
         own = lay.ally_structs - H  # [H, S_side]: structures never move, so their positions are fixed per hero
@@ -107,12 +103,15 @@ class Observer:
         self.mask[:, :, NOOP] = True
         self.mask[:, :, NUM_TYPES] = True
         # Filled by observe():
-        self.de = np.zeros((num_games, 2, P, P), np.float32)
-        """Squared distances between enemies: ``de[b, s, i, j]`` from unit ``side_units[s, i]`` to unit
-        ``side_units[1 - s, j]`` (so ``de[:, 1]`` is ``de[:, 0]`` transposed)."""
+        self.side_rows = np.zeros((num_games, 2, 0), np.int64)
+        """[B, 2, P]: flat ([B, U]) ids of each side's heroes, structures and living creeps (in unit order, padded
+        with dead ones to the most any side has: about a third of the creep slots live, so this cuts the
+        creeps' and towers' work about threefold)."""
+        self.de = np.zeros((num_games, 2, 0, 0), np.float32)
+        """Squared distances between enemies: ``de[b, s, i, j]`` from unit ``side_rows[b, s, i]`` to unit
+        ``side_rows[b, 1 - s, j]`` (so ``de[:, 1]`` is ``de[:, 0]`` transposed)."""
         self.dh = np.zeros((num_games, H, lay.U), np.float32)
         """Squared distances from every hero to every unit."""
-        self.alive_side = np.zeros((num_games, 2, P), bool)
         self.vulnerable = np.zeros((num_games, lay.U), bool)
         self.tgt_units = np.zeros((num_games, H, T), np.int64)
         self.type_mask = np.zeros((num_games, H, NUM_TYPES), bool)
@@ -123,13 +122,21 @@ class Observer:
         self.tm_targeted = self.type_mask[:, :, ATTACK:].transpose(2, 0, 1)[..., None]
         """[4, B, H, 1] view of ``type_mask``: whether attack, nuke, stun, heal are allowed."""
 
-    def _distances(self, st: State) -> np.ndarray:
-        """Fill ``de``, ``dh`` and ``alive_side``; returns sees [B, 2, P, P]: unit ``side_units[s, i]`` sees the
-        enemy ``side_units[1 - s, j]`` (a dead unit sees nothing)."""
-        lay, H = self.lay, self.lay.H
+    def _distances(self, st: State) -> tuple[np.ndarray, np.ndarray]:
+        """Fill ``side_rows``, ``de`` and ``dh``; returns (sees [B, 2, P, P]: unit ``side_rows[b, s, i]`` sees the
+        enemy ``side_rows[b, 1 - s, j]`` (a dead unit sees nothing), alive [B, 2, P])."""
+        lay, H, B = self.lay, self.lay.H, self.B
         x, y = st.x, st.y
-        xs, ys = np.take(x, lay.side_units, axis=1), np.take(y, lay.side_units, axis=1)  # [B, 2, P]
-        e, tmp = self.de[:, 0], self._tmp
+        creeps = st.alive[:, lay.cs].reshape(B, 2, lay.C_side)
+        width = int(creeps.sum(axis=2).max())
+        living = np.argsort(~creeps, axis=2, kind="stable")[:, :, :width] + self.first_creep
+        rows = np.concatenate([np.broadcast_to(lay.side_fixed, (B, 2, lay.side_fixed.shape[1])), living], axis=2)
+        rows += self.row_u
+        self.side_rows = rows
+        P = rows.shape[2]
+        xs, ys = np.take(x, rows), np.take(y, rows)  # [B, 2, P]
+        self.de = np.empty((B, 2, P, P), np.float32)
+        e, tmp = self.de[:, 0], np.empty((B, P, P), np.float32)
         np.subtract(xs[:, 0, :, None], xs[:, 1, None, :], out=tmp)
         np.multiply(tmp, tmp, out=e)
         np.subtract(ys[:, 0, :, None], ys[:, 1, None, :], out=tmp)
@@ -142,17 +149,17 @@ class Observer:
         np.subtract(y[:, :H, None], y[:, None, :], out=tmp)
         np.multiply(tmp, tmp, out=tmp)
         dh += tmp
-        np.take(st.alive, lay.side_units, axis=1, out=self.alive_side)
-        sight2 = np.where(self.alive_side, self.side_sight2, -np.inf)
-        return np.less(self.de, sight2[..., None], out=self._sees)
+        alive = np.take(st.alive, rows)
+        sight2 = np.where(alive, np.take(lay.sight2, rows % lay.U), -np.inf)
+        return np.less(self.de, sight2[..., None]), alive
 
     def observe(self, st: State) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(obs [B, H, obs_dim], action_mask [B, H, sum(heads)], active [B, H]) for the current state."""
         cfg, lay, H, B, T = self.cfg, self.lay, self.lay.H, self.B, self.T
         x, y = st.x, st.y
-        sees = self._distances(st)
-        seen = np.any(sees, axis=2, out=self._seen)  # [B, 2, P]: by side s, of the units of side 1 - s
-        visible = seen[:, ::-1].reshape(B, 2 * lay.P).take(lay.side_slot, axis=1)
+        sees, alive = self._distances(st)
+        visible = np.zeros((B, lay.U), bool)
+        np.put(visible, self.side_rows[:, ::-1], np.any(sees, axis=2))  # seen by a unit of the other side
         visible |= lay.is_struct
         visible &= st.alive
         vul = st.vulnerable()
@@ -260,14 +267,14 @@ class Observer:
             base += 2 * n * COOLDOWN_FEATURES
         if cfg.observe_team:
             width = lay.S_side * OWN_STRUCT_FEATURES + n
-            self._observe_team(st, sees, obs[:, :, base:base + width])
+            self._observe_team(st, sees, alive, obs[:, :, base:base + width])
             base += width
         if cfg.observe_lane:
             obs[:, :, base:base + lay.lanes] = self.own_lane
             np.clip((lay.own_lane_y - y[:, :H]) / cfg.lane_spacing, -1.5, 1.5, out=obs[:, :, base + lay.lanes])
         return obs, mask.copy(), can_act
 
-    def _observe_team(self, st: State, sees: np.ndarray, out: np.ndarray) -> None:
+    def _observe_team(self, st: State, sees: np.ndarray, alive: np.ndarray, out: np.ndarray) -> None:
         """Write the ``observe_team`` group into ``out [B, H, S_side * 5 + n]``: the hero's own structures
         (feature-major), then its one-hot index in its team."""
         lay, H, S = self.lay, self.lay.H, self.lay.S_side
@@ -280,7 +287,7 @@ class Observer:
         f[2][:] = (sx - st.x[:, :H, None]) * (lay.side_sign[:, None] / length)
         f[3][:] = (sy - st.y[:, :H, None]) / length
         # [B, S]: the living enemies each structure sees (a dead unit keeps its last position).
-        threats = (sees[:, :, lay.ps, :] & self.alive_side[:, ::-1, None, :]).sum(axis=3, dtype=np.float32)
+        threats = (sees[:, :, lay.ps, :] & alive[:, ::-1, None, :]).sum(axis=3, dtype=np.float32)
         threats = threats.reshape(-1, lay.S)
         np.minimum(threats[:, lay.ally_structs - H] / THREAT_SCALE, 1.5, out=f[4])
         out[:, :, OWN_STRUCT_FEATURES * S:] = self.team_index

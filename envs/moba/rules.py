@@ -58,30 +58,25 @@ class Rules:
         lay = layout
         self.row_u = (np.arange(num_games) * lay.U)[:, None]
         self.row_h = (np.arange(num_games) * lay.H)[:, None]
-        # Targets are enemies: a unit of side s picks a column of the other side's row of ``side_units``.
-        self.enemy_units = lay.side_units[::-1].copy()
-        enemy_hero = np.arange(lay.P) < lay.n
-        S, C, P = lay.S_side, lay.C_side, lay.P
+        S, C = lay.S_side, lay.C_side
+        enemy_hero = np.arange(lay.n + S + C) < lay.n
         # Per row of a side (structures, then creeps) and enemy column: added to the squared distance (creeps and
         # towers prefer anything over a hero), and the reach a target must be within (strictly: a tower's
         # "at most its range" is "below the next float").
         self.penalty = np.where(enemy_hero, np.array([[1e4]] * S + [[60.0]] * C), 0.0).astype(np.float32)
         tower_reach = np.nextafter(np.float32(cfg.tower_range ** 2), np.float32(np.inf))
         self.reach2 = np.array([tower_reach] * S + [cfg.creep_aggro ** 2] * C, np.float32)[:, None]
-        # From the [B, 2, S + C] rows to unit order (structures of both sides, then creeps), and flat offsets of
-        # (game, side, row) in the score table, the distance table and the side rows of ``enemy_units``.
-        order = np.arange(2 * (S + C)).reshape(2, S + C)
-        self.row_order = np.concatenate([order[:, :S].ravel(), order[:, S:].ravel()])
-        side, row = self.row_order // (S + C), self.row_order % (S + C)
-        game = np.arange(num_games)[:, None]
-        self.at_score = ((game * 2 + side) * (S + C) + row) * P
-        self.at_de = ((game * 2 + side) * P + lay.n + row) * P
-        self.at_side = (side * P)[None, :]
+        # Per row of a side (structures, then creeps): the reach to strike, cooldown, and which half of the
+        # damage scatter (structures' and creeps' damage is summed apart).
+        row = np.arange(S + C)
         self.strike2 = np.where(row < S, cfg.tower_range ** 2, cfg.creep_range ** 2).astype(np.float32)
         self.cooldown = np.where(row < S, cfg.tower_cooldown, cfg.creep_cooldown).astype(np.float32)
         self.scatter_part = np.where(row < S, num_games * lay.U, 0)
-        self.creep_lane_y = layout.creep_lane_y.astype(np.float32)
-        self.creep_dir = np.where(lay.team[lay.creeps] == 0, 10.0, -10.0).astype(np.float32)
+        self.lane_y = np.zeros(lay.U, np.float32)
+        self.lane_y[lay.creeps] = layout.creep_lane_y
+        """Each creep's lane."""
+        self.creep_dir = np.array([[10.0], [-10.0]], np.float32)
+        """Each side's creeps' walk (down the lane towards the enemy)."""
         self.y_limit = float(cfg.lane_y().max() + 8.0)
         nw = cfg.creep_slots // cfg.wave_size
         spread = (np.arange(cfg.wave_size) - (cfg.wave_size - 1) / 2) * 1.5
@@ -136,54 +131,61 @@ class Rules:
         return died, killer.reshape(self.B, U), tower_damage
 
     # ------------------------------------------------------------------ phase 2: creeps and structures act
-    def units_act(self, st: State, de: np.ndarray, vulnerable: np.ndarray, jitter: np.ndarray) -> np.ndarray:
-        """Creeps and structures strike their chosen targets (``de``: the observer's enemy distances); creeps
-        walk. Returns who died this phase."""
+    def units_act(self, st: State, de: np.ndarray, rows: np.ndarray, vulnerable: np.ndarray,
+                  jitter: np.ndarray) -> np.ndarray:
+        """Creeps and structures strike their chosen targets (``de``, ``rows``: the observer's enemy distances
+        and side rows); creeps walk. Returns who died this phase."""
         cfg, lay = self.cfg, self.lay
-        n, H, B, S2 = lay.n, lay.H, self.B, 2 * lay.S_side
+        n, S, B = lay.n, lay.S_side, self.B
+        R = rows.shape[2] - n
         dt = cfg.seconds_per_step
         living = st.alive & (st.hp > 0)
         # Rows: each side's structures and creeps; columns: the other side's units, in unit order, so argmin
         # breaks ties as it did over all units. Creeps take the nearest enemy within aggro range, heroes last;
         # structures creeps first, heroes next, a hero that hit an allied hero under the tower first of all.
+        enemies = rows[:, ::-1]
         dr = de[:, :, n:, :]
-        valid = np.less(dr, self.reach2)
-        valid &= np.take(living & vulnerable, self.enemy_units, axis=1)[:, :, None, :]
-        score = np.add(dr, self.penalty)
+        valid = np.less(dr, self.reach2[:R])
+        valid &= np.take(living & vulnerable, enemies)[:, :, None, :]
+        score = np.add(dr, self.penalty[:R, :rows.shape[2]])
         # [B, 2, S_side, n]: from each structure to the allied hero each enemy hero last hit.
         vx = np.take_along_axis(st.x, st.victim, axis=1).reshape(B, 2, 1, n)[:, ::-1]
         vy = np.take_along_axis(st.y, st.victim, axis=1).reshape(B, 2, 1, n)[:, ::-1]
         victim_d2 = (st.x[:, lay.ss].reshape(B, 2, -1, 1) - vx) ** 2 + (st.y[:, lay.ss].reshape(B, 2, -1, 1) - vy) ** 2
         punish = (st.aggro > 0).reshape(B, 2, 1, n)[:, ::-1] & (victim_d2 <= cfg.tower_range ** 2)
-        score[:, :, :lay.S_side, :n] -= np.where(punish, np.float32(2e4), np.float32(0.0))
+        score[:, :, :S, :n] -= np.where(punish, np.float32(2e4), np.float32(0.0))
         score = np.where(valid, score, np.float32(np.inf))  # rows with no valid target are ignored
-        # What each structure and creep ([B, S + 2 C], in unit order) chose, how far it is, whether it exists.
-        col = np.take(score.argmin(axis=3).reshape(B, -1), self.row_order, axis=1)
-        has = np.take(score, col + self.at_score) < np.inf
-        has &= living[:, H:]
-        in_range = has & (np.take(de, col + self.at_de) <= self.strike2)
-        tgt = np.take(self.enemy_units, col + self.at_side)
-        strike = in_range & (st.atk_cd[:, H:] <= 0)
-        # Creeps' and structures' damage summed apart, then added, as two scatters did.
-        idx = (tgt + self.row_u + self.scatter_part)[strike]
-        taken = _scatter_add(idx, (st.damage[:, H:] * jitter[:, H:])[strike], 2 * B * lay.U).reshape(2, B, lay.U)
-        np.copyto(st.atk_cd[:, H:], self.cooldown, where=strike)
+        # What each structure and creep chose ([B, 2, R]), whether it exists, how far it is.
+        col = score.argmin(axis=3)
+        P, bs, r = rows.shape[2], np.arange(B * 2).reshape(B, 2, 1), np.arange(R)
+        actor = rows[:, :, n:]
+        has = np.take(score, (bs * R + r) * P + col) < np.inf
+        has &= np.take(living, actor)
+        in_range = has & (np.take(de, (bs * P + n + r) * P + col) <= self.strike2[:R])
+        tgt = np.take_along_axis(enemies, col, axis=2)
+        strike = in_range & (np.take(st.atk_cd, actor) <= 0)
+        # Creeps' and structures' damage summed apart, then added, as two scatters in unit order did.
+        damage = np.take(st.damage, actor) * np.take(jitter, actor)
+        taken = _scatter_add((tgt + self.scatter_part[:R])[strike], damage[strike], 2 * B * lay.U)
+        taken = taken.reshape(2, B, lay.U)
+        np.put(st.atk_cd, actor[strike], np.broadcast_to(self.cooldown[:R], strike.shape)[strike])
         st.hp -= taken[0] + taken[1]
-        ctgt, in_range, chas = tgt[:, S2:], in_range[:, S2:], has[:, S2:]
         # Creeps move: towards a target out of reach, else down their lane (drifting back onto it).
-        cs = lay.cs
-        cx, cy = st.x[:, cs], st.y[:, cs]
-        tx = np.take(st.x, ctgt + self.row_u)
-        ty = np.take(st.y, ctgt + self.row_u)
-        chase = chas & ~in_range
+        c = slice(S, R)
+        creeps, in_range = actor[:, :, c], in_range[:, :, c]
+        cx, cy = np.take(st.x, creeps), np.take(st.y, creeps)
+        tx, ty = np.take(st.x, tgt[:, :, c]), np.take(st.y, tgt[:, :, c])
+        chase = has[:, :, c] & ~in_range
         vx = np.where(chase, tx - cx, self.creep_dir)
-        vy = np.where(chase, ty - cy, self.creep_lane_y - cy)
+        vy = np.where(chase, ty - cy, np.take(self.lane_y, creeps % lay.U) - cy)
         norm = np.sqrt(vx * vx + vy * vy) + 1e-6
         step = np.minimum(cfg.creep_speed * dt, norm) / norm
-        walking = living[:, cs] & ~in_range
+        walking = np.take(living, creeps) & ~in_range
         step *= walking
         cx += vx * step
         cy += vy * step
+        np.put(st.x, creeps, cx)
+        np.put(st.y, creeps, cy)
         return st.alive & (st.hp <= 0)
 
     # ------------------------------------------------------------------ phase 3: movement, deaths, timers

@@ -90,14 +90,13 @@ class Layout:
         side_heroes = np.arange(self.H).reshape(2, n)
         side_structs = self.structs.reshape(2, self.S_side)
         side_creeps = self.creeps.reshape(2, self.C_side)
-        # Each side's units in one row, in unit order (heroes, structures, creeps): distances are only ever taken
-        # between enemies, or from a hero, so the game keeps [2, P, P] side-against-side tables, not [U, U].
-        self.P = n + self.S_side + self.C_side
-        self.side_units = np.concatenate([side_heroes, side_structs, side_creeps], axis=1)
-        self.side_slot = np.argsort(self.side_units.ravel())
-        """Where each unit sits in the flattened ``side_units``: gathers [B, 2 * P] arrays back to [B, U]."""
-        self.ps, self.pc = slice(n, n + self.S_side), slice(n + self.S_side, self.P)
-        """The structures and the creeps of a side row."""
+        # Each side's units in one row, in unit order (heroes, structures, then its living creeps, see
+        # Observer): distances are only ever taken between enemies, or from a hero, so the game keeps side
+        # against side tables, not [U, U].
+        self.side_fixed = np.concatenate([side_heroes, side_structs], axis=1)
+        """[2, n + S_side]: the heroes and structures of each side's row."""
+        self.ps = slice(n, n + self.S_side)
+        """The structures of a side row."""
         self.ally_heroes = side_heroes[hero_side]
         self.enemy_heroes = side_heroes[1 - hero_side]
         self.ally_structs = side_structs[hero_side]
