@@ -21,6 +21,7 @@ from rapid.formats.experience import Shape, decode_experience
 from rapid.formats.params import decode_params
 from rapid.league.state import load_pool
 from rapid.run.store_map import (
+    CHECKPOINTS_LATEST,
     PARAMS_LATEST,
     SNAPSHOTS_PREFIX,
     parse_checkpoint_key,
@@ -47,6 +48,7 @@ class Ledger:
     versions: dict[int, Version] = field(default_factory=dict)
     latest: list[tuple[float, int]] = field(default_factory=list)  # (time, version) of each LATEST write
     checkpoints: list[tuple[float, int, int]] = field(default_factory=list)  # (time, version, updates)
+    checkpoint_latest: list[tuple[float, int]] = field(default_factory=list)  # (time, version) of its pointer
     pool: list[tuple[float, int, int]] = field(default_factory=list)  # (time, revision, games in the pool)
     snapshots: dict[str, float] = field(default_factory=dict)  # snapshot id → when stored
     unreadable: list[str] = field(default_factory=list)
@@ -65,6 +67,8 @@ class Ledger:
             self.by_worker.setdefault(batch.worker, []).append(key)
         elif key == PARAMS_LATEST:
             self.latest.append((at, int(data.decode("ascii"))))
+        elif key == CHECKPOINTS_LATEST:
+            self.checkpoint_latest.append((at, int(data.decode("ascii"))))
         elif (version := parse_params_key(key)) is not None:
             obj = decode_params(data)
             w = obj.tensors.get("w", np.zeros(0))

@@ -13,8 +13,8 @@ source made and each learner trained, which version each worker played when):
 - the games in the pool as committed equal the games played; a snapshot for every ``snapshot_every``-th
   version, each loadable with that version's weights; a checkpoint every ``checkpoint_every`` updates, each
   loadable; the ranks leaving together after the same number of updates;
-- what the node cache must keep flat: ``params/LATEST`` GETs per node per poll interval, and the GETs of each
-  version per node.
+- what must stay flat per node or per worker: ``params/LATEST`` GETs per node per poll interval, the GETs of
+  each version per node, a worker's LISTs and its PUTs per upload interval.
 """
 
 from __future__ import annotations
@@ -166,8 +166,9 @@ def _reached(fleet, version: int, at: float, by: float) -> float:
 
 
 def league_figures(fleet, peek: PeekStore) -> dict:
-    """Games in the pool as last committed over games played; snapshot versions missing from the pool or
-    unloadable with their version's weights."""
+    """Games in the pool as last committed over games played; snapshots off their cadence: a version due one
+    whose snapshot is missing from the pool or unloadable with that version's weights, or a snapshot of a
+    version not due one."""
     s, ledger = fleet.s, fleet.ledger
     played = sum(w.source.games for w in fleet.all_workers)
     pooled = max(ledger.pool, key=lambda p: p[1])[2] if ledger.pool else 0
@@ -188,17 +189,21 @@ def league_figures(fleet, peek: PeekStore) -> dict:
                 missing += int(not np.all(w == ledger.versions[v].updates))
             except (KeyNotFound, FormatError, KeyError, ValueError):
                 missing += 1
-    return {"pool_games_share": pooled / played if played else 1.0, "snapshots_missing": missing}
+    every = s.snapshot_every or math.inf
+    missing += sum(1 for m in members.values() if m.kind == "snapshot" and (m.version or 0) % every != 0)
+    return {"pool_games_share": pooled / played if played else 1.0, "snapshots_off_cadence": missing}
 
 
 def checkpoint_figures(fleet, peek: PeekStore) -> dict:
-    """The most updates between two checkpoints (from the start, and to the last update) over
-    ``checkpoint_every``; checkpoints in the store that do not load, or hold other weights than their updates."""
+    """The most and the fewest updates between two checkpoints (from the start; the most also to the last update)
+    over ``checkpoint_every``; checkpoints that do not load, hold other weights than their updates, or that
+    ``checkpoints/LATEST`` named before they were stored."""
     s, ledger = fleet.s, fleet.ledger
     updates = fleet.ranks[0].learner.updates
     marks = sorted({u for _, _, u in ledger.checkpoints})
     gaps = np.diff([0, *marks, updates]) if updates else np.zeros(1)
-    bad = 0
+    stored = {v: at for at, v, _ in reversed(ledger.checkpoints)}  # version → first stored
+    bad = sum(v not in stored or stored[v] > at for at, v in ledger.checkpoint_latest)
     for key in peek.list(CHECKPOINTS_PREFIX):
         version = parse_checkpoint_key(key)
         if version is None:
@@ -213,7 +218,9 @@ def checkpoint_figures(fleet, peek: PeekStore) -> dict:
             bad += int(load_latest_checkpoint(peek) is None)
         except (KeyNotFound, FormatError, KeyError, ValueError):
             bad += 1
-    return {"checkpoint_gap": float(gaps.max()) / s.checkpoint_every, "checkpoints_bad": bad}
+    between = np.diff([0, *marks])
+    return {"checkpoint_gap": float(gaps.max()) / s.checkpoint_every, "checkpoints_bad": bad,
+            "checkpoint_gap_min": float(between.min()) / s.checkpoint_every if len(between) else 1.0}
 
 
 def rank_figures(fleet, reached: float) -> dict:
@@ -234,16 +241,21 @@ def rank_figures(fleet, reached: float) -> dict:
             "pools_per_fold_interval": gathers / max(1.0, (reached + s.drain_s) / (s.publish_s / 2))}
 
 
-def cache_figures(fleet, reached: float) -> dict:
+def request_figures(fleet, reached: float) -> dict:
     """``params/LATEST`` GETs per node per parameter poll interval, and GETs of each version's object per node
-    (the node cache's promise: one of each a node)."""
+    (the node cache's promise: one of each a node); a worker's LISTs an hour beyond its first, and its PUTs per
+    upload interval."""
     s, m = fleet.s, fleet.meter
     nodes = -(-s.workers // s.workers_per_node) if s.workers_per_node else s.workers
     run_s = min(reached, s.sim_s)
     latest = sum(m.requests["params/LATEST", "GET", h] for h in (0, 1))
     fetched = [n for key, n in m.gets_by_key.items() if parse_params_key(key) is not None]
+    worker_s = sum(min(w.left_at or run_s, run_s) - min(w.started_at, run_s) for w in fleet.all_workers)
     return {"latest_gets_per_node_poll": latest / max(1e-9, nodes * run_s / s.param_poll_s),
-            "version_gets_per_node": sum(fetched) / max(1, nodes * len(fetched))}
+            "version_gets_per_node": sum(fetched) / max(1, nodes * len(fetched)),
+            # a worker lists once as it starts (has the run an optimizer?), then only when versions stop coming
+            "worker_lists_per_hour": (m.worker_requests["LIST"] - len(fleet.all_workers)) / max(1e-9, worker_s / 3600),
+            "worker_puts_per_upload": m.worker_requests["PUT"] / max(1e-9, worker_s / s.upload_s)}
 
 
 def readback(fleet, reached: float) -> dict:
@@ -252,8 +264,9 @@ def readback(fleet, reached: float) -> dict:
     fig["unaccounted_samples"] = fig["samples"]["unaccounted"]
     fig["trained_share"] = fig["samples"]["trained"] / max(1, fig["samples"]["made"])
     for part in (publish_figures(fleet, reached), league_figures(fleet, peek), checkpoint_figures(fleet, peek),
-                 rank_figures(fleet, reached), cache_figures(fleet, reached)):
+                 rank_figures(fleet, reached), request_figures(fleet, reached)):
         fig.update(part)
     fig["unreadable_objects"] = len(fleet.ledger.unreadable)
     fig["backlog_kept_older"] = backlog_kept_older(fleet)
+    fig["bad_objects"] = sum(r.loader.stats.bad_objects for r in fleet.ranks)  # rapid's own uploads, all valid
     return fig

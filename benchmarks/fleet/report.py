@@ -71,8 +71,9 @@ BOUNDS = {
     "bad_versions": ("<=", 0),
     "version_reach_share": (">=", 0.95),  # of the workers, within two publish intervals
     "pool_games_share": ("in", (0.99, 1.0)),
-    "snapshots_missing": ("<=", 0),
+    "snapshots_off_cadence": ("<=", 0),
     "checkpoint_gap": ("<=", 2.0),  # in checkpoint_every's
+    "checkpoint_gap_min": (">=", 1.0),
     "checkpoints_bad": ("<=", 0),
     "ranks_stop_spread_s": ("<=", 10.0),
     "rank_updates_spread": ("<=", 0),
@@ -80,8 +81,11 @@ BOUNDS = {
     "pools_per_fold_interval": ("<=", 1.5),
     "latest_gets_per_node_poll": ("<=", 1.5),
     "version_gets_per_node": ("<=", 1.5),
+    "worker_lists_per_hour": ("<=", 6.0),
+    "worker_puts_per_upload": ("<=", 1.5),
     "unreadable_objects": ("<=", 0),
     "loaded_twice": ("<=", 0),
+    "bad_objects": ("<=", 0),
     "backlog_kept_older": ("<=", 0),
 }
 """The bound each health figure must keep (the issue's, at the product card's shape; None: from the run's

@@ -120,6 +120,7 @@ class Meter:
         # (family, code) → StoreError raised, by the last answer's code
         self.raised: collections.Counter[tuple[str, str | None]] = collections.Counter()
         self.gets_by_key: collections.Counter[str] = collections.Counter()
+        self.worker_requests: collections.Counter[str] = collections.Counter()  # op → requests of rollout workers
         self.visible_at: dict[str, float] = {}  # experience key → when its PUT completed
         self.loads: dict[str, list] = collections.defaultdict(list)  # experience key → [(actor, time)]
         self.store_cpu = 0.0  # CPU seconds spent inside the stores (the model's own cost, not rapid's)
@@ -145,6 +146,8 @@ class Meter:
             return
         fam, h = family(key), self.half()
         self.requests[fam, op, h] += pages
+        if str(getattr(self.clock.actor, "process", "")).startswith("w"):  # a rollout worker's process
+            self.worker_requests[op] += pages
         self.bytes[fam, op, h] += self.latency.bytes(key, nbytes)
         if op == "GET":
             self.gets_by_key[key] += 1
