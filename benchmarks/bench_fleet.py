@@ -47,7 +47,8 @@ from fleet.faults import NAMES, Faults, UsageError  # noqa: E402
 from fleet.readback import readback  # noqa: E402
 from fleet.report import BOUNDS, bound_of, failures, figures, print_report  # noqa: E402
 from fleet.sched import OutOfTime  # noqa: E402
-from fleet.sim import Fleet, Settings, sample_arrays  # noqa: E402
+from fleet.settings import Settings, sample_arrays  # noqa: E402
+from fleet.sim import Fleet  # noqa: E402
 from fleet.standins import PARAM_TENSORS  # noqa: E402
 from fleet.store import FAMILIES, OPS, Meter, MeteredS3  # noqa: E402
 from fleet.store_args import add_store_args, store_settings  # noqa: E402
