@@ -41,6 +41,8 @@ class MobaVecEnv(VecMultiAgentEnv):
         )
         self._seed = seed
         self.rng = np.random.default_rng(seed)
+        self._last = np.array(self.observer.heads) - 1
+        self._row = np.arange(self.num_games * 2 * n).reshape(self.num_games, 2 * n)
 
     # ------------------------------------------------------------------ interface
     def reset(self, seed: int | None = None) -> StepResult:
@@ -55,12 +57,10 @@ class MobaVecEnv(VecMultiAgentEnv):
     def step(self, actions: np.ndarray) -> StepResult:
         cfg, st, lay, ob, ru = self.cfg, self.state, self.layout, self.observer, self.rules
         B, H = self.num_games, lay.H
-        actions = np.asarray(actions, dtype=np.int64).reshape(B, H, 3)
-        atype = np.clip(actions[..., 0], 0, ob.heads[0] - 1)
-        adir = np.clip(actions[..., 1], 0, ob.heads[1] - 1)
-        aslot = np.clip(actions[..., 2], 0, ob.heads[2] - 1)
+        actions = np.minimum(np.maximum(np.asarray(actions, dtype=np.int64).reshape(B, H, 3), 0), self._last)
+        atype, adir, aslot = actions[..., 0], actions[..., 1], actions[..., 2]
         # Validate against what the hero was allowed when it chose; anything else is a no-op.
-        row = np.arange(B * H).reshape(B, H)
+        row = self._row
         ok = np.take(ob.type_mask, row * ob.heads[0] + atype)
         slot_ok = np.take(ob.target_valid, (atype * (B * H) + row) * ob.heads[2] + aslot)
         ok &= (atype <= MOVE) | slot_ok
@@ -136,7 +136,7 @@ class MobaVecEnv(VecMultiAgentEnv):
     def _structure_hp(self) -> np.ndarray:
         """[B, 2]: each side's structure HP as a sum of fractions (what decides a game at the time limit)."""
         st, lay = self.state, self.layout
-        frac = np.where(st.alive[:, lay.structs], st.hp[:, lay.structs] / st.max_hp[:, lay.structs], 0.0)
+        frac = np.where(st.alive[:, lay.ss], st.hp[:, lay.ss] / st.max_hp[:, lay.ss], 0.0)
         return frac.reshape(self.num_games, 2, lay.S_side).sum(axis=2)
 
     def _winner(self, anc_alive: np.ndarray, terminated: np.ndarray) -> np.ndarray:

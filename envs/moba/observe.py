@@ -191,7 +191,8 @@ class Observer:
         tv &= present
         tv &= self.type_slots[:, None, None, :]
         deniable = hpf < cfg.deny_fraction
-        tv[0] &= np.where(self.ac, deniable, tvul)
+        hittable = np.where(self.ac, deniable, tvul)  # an allied creep only to deny it
+        tv[0] &= hittable
         tm = self.type_mask
         tm[:, :, MOVE] = can_act
         tm[:, :, ATTACK:] = np.any(tv, axis=3).transpose(1, 2, 0)
@@ -238,7 +239,7 @@ class Observer:
         np.clip(rel, -1.5, 1.5, out=rel)
         np.multiply(rel, pres, out=f[3])
         f[4][:] = tv[0]
-        extra = np.where(self.ec, hp <= st.damage[:, :H, None], np.where(self.ac, deniable, tvul))
+        extra = np.where(self.ec, hp <= st.damage[:, :H, None], hittable)
         np.logical_and(extra, present, out=extra)
         f[5][:] = extra
         # Level, stun and mana of the hero slots (enemies, then allies), zero when not visible; feature-major.

@@ -88,6 +88,9 @@ class Rules:
         sides = np.repeat(np.arange(2), lay.lanes * cfg.wave_size)
         self.wave_x = np.where(sides == 0, cfg.ancient_x + 4.0, cfg.map_length - cfg.ancient_x - 4.0)
         self.wave_y = np.tile(np.repeat(cfg.lane_y(), cfg.wave_size) + np.tile(spread, lay.lanes), 2)
+        self.xp_worth = np.where(lay.is_hero, cfg.kill_xp, cfg.creep_xp).astype(np.float32)
+        self.home_edge = np.where(lay.hero_side == 0, 0.0, cfg.map_length)
+        self.fountain_x = np.where(lay.hero_side == 0, cfg.fountain_x, cfg.map_length - cfg.fountain_x)
         self.period_steps = max(1, int(round(cfg.wave_period / cfg.seconds_per_step)))
 
     # ------------------------------------------------------------------ phase 1: heroes act
@@ -213,17 +216,15 @@ class Rules:
         hk = enemy_kill & lay.is_hero
         size = B * H
 
-        def per_killer(sel: np.ndarray, w: float) -> np.ndarray:
-            return _scatter_add(flat_k[sel], np.full(int(sel.sum()), w), size).reshape(B, H)
-
-        last_hits, denies, kills = per_killer(lh, 1.0), per_killer(deny, 1.0), per_killer(hk, 1.0)
+        counted = lh | deny | hk  # three disjoint kinds, counted per hero in one bincount
+        bins = (flat_k + np.where(lh, 0, np.where(deny, size, 2 * size)))[counted]
+        last_hits, denies, kills = np.bincount(bins, minlength=3 * size).astype(np.float32).reshape(3, B, H)
         gold = last_hits * cfg.creep_gold + kills * cfg.kill_gold
         # XP to heroes near an enemy creep or hero that died (not for denied creeps).
         xp_src = died & ~deny & (lay.is_creep | lay.is_hero)
         near = (dh <= cfg.xp_radius ** 2) & lay.enemy_pair[:H][None] & xp_src[:, None, :]
         near &= st.alive[:, :H, None]
-        worth = np.where(lay.is_hero, cfg.kill_xp, cfg.creep_xp).astype(np.float32)
-        xp = (near * worth).sum(axis=2, dtype=np.float32)
+        xp = (near * self.xp_worth).sum(axis=2, dtype=np.float32)
         # Structures: bounty to every hero of the side that destroyed it.
         sdead = died[:, lay.structs].reshape(B, 2, lay.S_side).sum(axis=2).astype(np.float32)
         destroyed = sdead[:, ::-1].copy()
@@ -241,17 +242,15 @@ class Rules:
         cfg, lay, H = self.cfg, self.lay, self.lay.H
         dt = cfg.seconds_per_step
         alive = st.alive[:, :H]
-        at_home = np.abs(st.x[:, :H] - np.where(lay.hero_side == 0, 0.0, cfg.map_length)) <= cfg.ancient_x
+        at_home = np.abs(st.x[:, :H] - self.home_edge) <= cfg.ancient_x
         boost = np.where(at_home, cfg.fountain_heal * dt, 0.0)
         st.hp[:, :H] += np.where(alive, cfg.hero_hp_regen * dt + boost * st.max_hp[:, :H], 0.0)
         st.mana += np.where(alive, cfg.hero_mana_regen * dt + boost * st.max_mana, 0.0)
-        for arr in (st.atk_cd, st.ability_cd, st.stun, st.aggro, st.respawn):
-            arr -= dt
-            np.maximum(arr, 0.0, out=arr)
+        st.timers -= dt
+        np.maximum(st.timers, 0.0, out=st.timers)
         back = ~alive & (st.respawn <= 0)
         st.alive[:, :H] |= back
-        st.x[:, :H] = np.where(back, np.where(lay.hero_side == 0, cfg.fountain_x, cfg.map_length - cfg.fountain_x),
-                               st.x[:, :H])
+        st.x[:, :H] = np.where(back, self.fountain_x, st.x[:, :H])
         st.y[:, :H] = np.where(back, lay.spawn_y, st.y[:, :H])
         reached = np.floor((1 + np.sqrt(1 + 8 * st.xp / cfg.xp_per_level)) / 2)  # inverts l (l - 1) / 2
         level = np.minimum(cfg.max_level, reached).astype(np.int64)

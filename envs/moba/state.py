@@ -125,19 +125,21 @@ class State:
         self.hp = np.zeros((B, U), f32)
         self.max_hp = np.zeros((B, U), f32)
         self.alive = np.zeros((B, U), bool)
-        self.atk_cd = np.zeros((B, U), f32)
+        # The timers that run down every tick, as contiguous views of one buffer: a tick is one subtraction and
+        # one clamp for all of them.
+        self.timers = np.zeros(B * U + 6 * B * H, f32)
+        self.atk_cd = self.timers[:B * U].reshape(B, U)
+        self.ability_cd = self.timers[B * U:B * (U + 3 * H)].reshape(B, H, 3)
+        """Remaining cooldown of nuke, stun, heal."""
+        self.stun, self.aggro, self.respawn = self.timers[B * (U + 3 * H):].reshape(3, B, H)
+        """Remaining stun; seconds left during which towers punish this hero for hitting an enemy hero; time to
+        respawn."""
         self.damage = np.zeros((B, U), f32)
-        self.stun = np.zeros((B, H), f32)
         self.mana = np.zeros((B, H), f32)
         self.max_mana = np.zeros((B, H), f32)
         self.level = np.ones((B, H), np.int64)
         self.xp = np.zeros((B, H), f32)
         self.gold = np.zeros((B, H), f32)
-        self.ability_cd = np.zeros((B, H, 3), f32)
-        """Remaining cooldown of nuke, stun, heal."""
-        self.respawn = np.zeros((B, H), f32)
-        self.aggro = np.zeros((B, H), f32)
-        """Seconds left during which towers punish this hero for hitting an enemy hero."""
         self.victim = np.zeros((B, H), np.int64)
         self.step_count = np.zeros(B, np.int64)
         self.waves = np.zeros(B, np.int64)
