@@ -8,7 +8,7 @@ Order inside a tick (all games in lockstep, no loop over games or units):
    prefer creeps, but switch to an enemy hero that hit an allied hero under the tower) and strike;
 3. heroes and creeps move; the dead drop out, gold and XP are shared, timers run, waves spawn.
 
-Distances come from the observation of the previous tick (``d2``), so the targets a hero was allowed to
+Distances come from the observation of the previous tick (``de``, ``dh``), so the targets a hero was allowed to
 pick are exactly the ones in range when its action lands.
 """
 
