@@ -156,6 +156,8 @@ class RolloutMetrics(RoleMetrics):
         self._dropped = self._counter(
             "rapid_upload_dropped_objects_total", "Experience objects dropped because the upload backlog was full.")
         self._version = self._gauge("rapid_param_version", "Parameter version in use.")
+        self._pace = self._gauge("rapid_rollout_pace", "Share of its time the worker plays, as the optimizer asks "
+                                 "(1: full speed; optimizer.pace_rollouts).")
         self._param_failures = self._counter(
             "rapid_param_refresh_failures_total", "Parameter refreshes that failed (store error or bad object).")
         self._param_behind = self._gauge(
@@ -188,6 +190,9 @@ class RolloutMetrics(RoleMetrics):
 
     def param_version(self, v: int) -> None:
         self._version.set(v)
+
+    def pace(self, share: float) -> None:
+        self._pace.set(share)
 
     def param_refresh_failed(self, why: str = "") -> None:
         self._param_failures.inc()

@@ -41,6 +41,8 @@ BALANCE_GAUGES = {
                        "Samples per second the optimizer consumes while busy (window)."),
     "waste_share": ("rapid_balance_waste_ratio", "Share of received samples that left unused (window)."),
     "overloaded": ("rapid_balance_overloaded", "1 while rollouts produce more than the optimizer can use."),
+    "pace": ("rapid_balance_rollout_pace", "Share of their time rank 0 asks rollout workers to play (1: full "
+             "speed; lower while unused samples pile up: optimizer.pace_rollouts)."),
 }
 # Why the optimizer rejects an experience object: undecodable bytes, wrong schema/shapes, NaN/inf inside.
 # Exported at 0 from the start so the dashboard and alerts see the series before the first rejection.

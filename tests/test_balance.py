@@ -115,3 +115,51 @@ def test_balancer_shrinks_back_when_arrivals_slow():
     for t in range(1, 30):
         bal.step(float(t), received=10 * t, consumed=10 * t, wasted=0, backlog=0, busy_s=0.01)
     assert bal.batch == 64
+
+
+def paced_run(pacing: bool, seconds: float = 600.0, full_rate: float = 2000.0, delay_s: float = 4.0):
+    """Rollouts that could send 2,000 samples/s to an optimizer that trains 1,000/s at its largest batch; the pace
+    rank 0 asks for reaches what arrives ``delay_s`` later (the next version, then an upload). Returns the pace
+    over time and the share of samples wasted in the second half."""
+    bal = Balancer(BalanceSettings(batch=256, max_batch=256, target_reuse=1.0, publish_interval_s=2.0,
+                                   buffer=4096 if pacing else 0, pace_every_s=max(5.0, delay_s)))
+    now = received = consumed = wasted = backlog = 0.0
+    asked: deque[tuple[float, float]] = deque([(0.0, 1.0)])
+    paces, half = [], None
+    while now < seconds:
+        while len(asked) > 1 and asked[1][0] <= now - delay_s:
+            asked.popleft()
+        arrival = full_rate * asked[0][1]
+        busy = 0.256 if backlog >= 256 else 0.0  # 1 ms a sample
+        step = busy or 0.05
+        now += step
+        received += arrival * step
+        backlog += arrival * step - (256 if busy else 0)
+        consumed += 256 if busy else 0
+        if backlog > 4096:
+            wasted, backlog = wasted + backlog - 4096, 4096
+        d = bal.step(now, int(received), int(consumed), int(wasted), int(backlog), busy)
+        asked.append((now, d.pace))
+        paces.append(d.pace)
+        if half is None and now >= seconds / 2:
+            half = (received, wasted)
+    return paces, (wasted - half[1]) / (received - half[0])
+
+
+def test_the_pace_slows_rollouts_to_what_the_optimizer_trains_and_nothing_goes_to_waste():
+    paces, waste = paced_run(pacing=True)
+    late = paces[len(paces) // 2:]
+    assert waste < 0.05, f"{waste:.1%} of samples wasted with pacing"
+    assert 0.3 < sum(late) / len(late) < 0.75, "about half speed: what the optimizer trains"
+    _, unpaced = paced_run(pacing=False)
+    assert unpaced > 0.4, f"without pacing half of what arrives is wasted ({unpaced:.0%})"
+
+
+def test_the_pace_holds_when_a_change_takes_long_to_show():
+    _, waste = paced_run(pacing=True, delay_s=30.0, seconds=1800.0)  # uploads a minute apart (half of it, mean)
+    assert waste < 0.05
+
+
+def test_the_pace_comes_back_when_the_optimizer_keeps_up():
+    paces, waste = paced_run(pacing=True, full_rate=800.0)
+    assert waste == 0.0 and min(paces) == 1.0, "an optimizer that keeps up never slows the rollouts"

@@ -22,6 +22,12 @@ The design (GA3C's run-time scheduling with Rapid's targets):
   upload (samples then go "stale" by the dozen). Versions are published by time instead, about once per
   upload interval (``publish_interval_s``), so a staleness of 1 means "one upload behind", as in OpenAI
   Five (uploads and versions about once a minute there, staleness ≈ 0–1).
+- **Pace.** When samples still pile up unused (more than ``PACE_HIGH`` batches, or half the buffer) with the batch
+  at its ceiling, or while samples go to waste, the optimizer asks the rollout workers to play a smaller share of
+  their time (the ``pace`` each published version carries; Sample Factory throttles its sampler the same way): ×
+  ``PACE_DOWN`` at most every ``pace_every_s`` (as long as a change takes to show in what arrives), down to
+  ``PACE_MIN``; once less than a batch waits, × ``PACE_UP`` back towards 1. What is produced is then trained rather
+  than dropped stale or evicted unused.
 - **Saying so.** Arrival and consumption rates are measured over a sliding window. When samples go unused
   at the largest batch allowed and what arrives (at the target reuse) is clearly more than the optimizer can
   consume (``OVERLOAD_MARGIN``), measured over a whole window, the optimizer logs (at most once a minute) what
@@ -71,6 +77,44 @@ OVERLOAD_MARGIN = 1.1
 """Rollouts outrun the optimizer when arrival × target reuse exceeds its capacity by more than this factor:
 rates measured over a window wobble by a few percent, and "add 1.0× the capacity" is no advice."""
 WINDOW_S = 30.0
+PACE_EVERY_S = 5.0
+"""Least seconds between two changes of the rollouts' pace (see :attr:`BalanceSettings.pace_every_s`)."""
+PACE_DOWN, PACE_UP = 0.7, 1.25
+PACE_CUT = 0.25
+"""The deepest cut of the pace at once."""
+PACE_MIN = 0.05
+PACE_HIGH = 4
+"""Batches of unused samples (at most half the buffer) past which the rollouts are slowed."""
+
+
+def next_pace(pace: float, backlog: float, batch: int, buffer: int, at_ceiling: bool, waste_share: float,
+              falling: bool = False, trainable: float | None = None) -> float:
+    """The share of their time the rollout workers should play: lower while more than ``PACE_HIGH`` batches (or half
+    the buffer) wait unused and the batch cannot grow or samples go to waste, unless that backlog is already
+    ``falling``; higher once less than a batch waits. A cut goes to ``trainable`` (the share of what arrives at
+    this pace that the optimizer can train, when the arrivals measured were all played at it), at most
+    ``PACE_CUT`` at once; else it is ``PACE_DOWN``.
+
+    >>> next_pace(1.0, backlog=5000, batch=256, buffer=8192, at_ceiling=True, waste_share=0.0)
+    0.7
+    >>> next_pace(1.0, backlog=5000, batch=256, buffer=8192, at_ceiling=True, waste_share=0.0, trainable=0.4)
+    0.4
+    >>> next_pace(0.4, backlog=5000, batch=256, buffer=8192, at_ceiling=True, waste_share=0.0, falling=True)
+    0.4
+    >>> next_pace(1.0, backlog=5000, batch=256, buffer=8192, at_ceiling=False, waste_share=0.0)  # the batch grows
+    1.0
+    >>> next_pace(0.4, backlog=100, batch=256, buffer=8192, at_ceiling=True, waste_share=0.3)   # it drained
+    0.5
+    """
+    high = min(PACE_HIGH * batch, buffer // 2)
+    if backlog > high and (at_ceiling or waste_share > WASTE_TOLERANCE):
+        if falling:
+            return pace
+        cut = PACE_DOWN if trainable is None else min(PACE_DOWN, max(PACE_CUT, trainable))
+        return max(PACE_MIN, pace * cut)
+    if backlog < batch:
+        return min(1.0, pace * PACE_UP)
+    return pace
 
 
 def next_batch(batch: int, backlog: int, idle_share: float, lo: int, hi: int, multiple: int = 1) -> int:
@@ -143,6 +187,11 @@ class BalanceSettings:
     """Batches stay a multiple of this (the microbatch size)."""
     window_s: float = WINDOW_S
     """Rates are measured over this sliding window; nothing is called an overload before one is full."""
+    buffer: int = 0
+    """The buffer's capacity in samples, with ``pace``: the rollouts are slowed past half of it (0: no pacing)."""
+    pace_every_s: float = PACE_EVERY_S
+    """Least seconds between two changes of the pace: about the time one takes to show in what arrives (the next
+    version, the workers' poll, their next upload), so that the pace does not swing."""
 
 
 @dataclass
@@ -156,6 +205,8 @@ class Decision:
     overloaded: bool
     target_reuse: float
     message: str | None = None
+    pace: float = 1.0
+    """The share of their time rollout workers should play (1: full speed)."""
 
 
 class Balancer:
@@ -178,6 +229,12 @@ class Balancer:
         self._last_adjust = now
         self._started = now
         self._last_warn = -math.inf
+        self.pace = 1.0
+        self._last_pace = now
+        # (when, samples received then, whether the pace held over the two looks before: a change shows a look late)
+        self._pace_mark = (now, 0, True)
+        self._pace_held = True
+        self._pace_backlog = 0.0
 
     def _push(self, points: deque, now: float, value: float) -> None:
         points.append((now, value))
@@ -218,6 +275,18 @@ class Balancer:
             self._costs.append(busy_s / samples)
             self._size_busy_s += busy_s
 
+    def _pace_step(self, now: float, received: int, backlog: int, capacity: float, waste_share: float) -> None:
+        """One look at the pace. Arrivals since the last look were all played at the pace in force if it had not
+        changed in the look before (a change shows an upload later): then a cut can go straight to what trains."""
+        since, got, held = self._pace_mark
+        arrival = (received - got) / (now - since) if now > since else 0.0
+        trainable = capacity / (arrival * self.s.target_reuse) if held and arrival > 0 and capacity > 0 else None
+        pace = next_pace(self.pace, backlog, self.batch, self.s.buffer, self.batch >= self.ceiling, waste_share,
+                         falling=backlog < self._pace_backlog, trainable=trainable)
+        self._pace_mark = (now, received, self._pace_held and pace == self.pace)
+        self._pace_held = pace == self.pace
+        self.pace, self._pace_backlog, self._last_pace = pace, backlog, now
+
     def step(self, now: float, received: int, consumed: int, wasted: int, backlog: int,
              busy_s: float) -> Decision:
         """Once per update: ``busy_s`` is the time the update itself took (not waiting for data)."""
@@ -235,6 +304,8 @@ class Balancer:
         if now - self._last_adjust >= ADJUST_EVERY_S:
             self._adjust(backlog, 1.0 - busy_share)
             self._last_adjust = now
+        if self.s.buffer and now - self._last_pace >= self.s.pace_every_s:  # a start-up flood is the first to slow
+            self._pace_step(now, received, backlog, capacity, waste_share)
         measured = now - self._started >= self.s.window_s  # a start-up burst alone is no rate
         line = overload_line(arrival, capacity, self.s.target_reuse, waste_share,
                              self.batch >= self.ceiling) if measured else None
@@ -242,4 +313,4 @@ class Balancer:
         if line and now - self._last_warn >= WARN_EVERY_S:
             message, self._last_warn = line, now
         return Decision(self.batch, self.s.publish_interval_s, arrival, consumed_rate, capacity, waste_share,
-                        line is not None, self.s.target_reuse, message)
+                        line is not None, self.s.target_reuse, message, self.pace)

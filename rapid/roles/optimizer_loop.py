@@ -282,7 +282,7 @@ class OptimizerLoop:
         if writer is not None:
             league = p.league
             tensors = p.tensors()
-            meta = version_meta(self.cfg, p.learner.updates, self._elapsed())
+            meta = {**version_meta(self.cfg, p.learner.updates, self._elapsed()), "pace": self.decision.pace}
             keep = self.cfg.optimizer.keep_versions
             store_checkpoint = self._checkpoint_job() if checkpoint else None
 

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from rapid.opt.losses import linear_schedule
-from rapid.optimizer.balance import BalanceSettings
+from rapid.optimizer.balance import PACE_EVERY_S, BalanceSettings
 from rapid.run.config import Config
 
 
@@ -51,4 +51,9 @@ def balance_settings(cfg: Config) -> BalanceSettings:
     hi = o.max_batch_samples or max(o.batch_samples, min(4 * o.batch_samples, o.buffer_samples // 2))
     hi = max(o.batch_samples, hi - hi % multiple)
     interval = o.publish_interval_s or cfg.rollout.upload_interval_s
-    return BalanceSettings(o.batch_samples, hi, o.target_reuse, interval, multiple)
+    r = cfg.rollout
+    # A pace set now shows in what arrives after the next publish, the workers' poll and their next upload.
+    shows_after_s = interval + r.param_poll_s + max(r.upload_interval_s, r.warmup_upload_interval_s)
+    return BalanceSettings(o.batch_samples, hi, o.target_reuse, interval, multiple,
+                           buffer=o.buffer_samples if o.pace_rollouts else 0,
+                           pace_every_s=max(PACE_EVERY_S, shows_after_s))

@@ -107,8 +107,9 @@ def run_rollout(cfg: Config, worker_id: str, seed: int, stop: StopFlag | None = 
             client.close()
         metrics.close()
         s = uploader.stats
-        log.info("worker %s stopped: %d objects, %d samples uploaded, %d dropped, %d failures; it played v%s",
-                 worker_id, s.objects, s.samples, s.dropped_samples, s.failures, loop.version)
+        log.info("worker %s stopped: %d objects, %d samples uploaded, %d dropped, %d failures; it played v%s; "
+                 "paused %.0f s at the optimizer's pace", worker_id, s.objects, s.samples, s.dropped_samples,
+                 s.failures, loop.version, loop.paused_s)
 
 
 def build_worker(cfg: Config, seed: int, reads, run_id: str | None

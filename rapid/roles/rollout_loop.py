@@ -25,6 +25,31 @@ import time
 from rapid.roles.steps import Sleep
 
 FIRST_PARAMS_POLL_S = 0.2
+MIN_PACE = 0.05
+MAX_PAUSE_S = 30.0
+"""The longest pause after one segment, whatever the pace: a worker stays responsive to a faster one."""
+
+
+def pace_of(meta) -> float:
+    """The share of its time a worker plays, as the version it plays says (optimizer.pace_rollouts); 1 for a
+    version without one, or one whose value is not a number within [MIN_PACE, 1] (stored objects may be hostile).
+
+    >>> pace_of({"pace": 0.25}), pace_of({}), pace_of({"pace": 0.0}), pace_of({"pace": "0.5"})
+    (0.25, 1.0, 1.0, 1.0)
+    """
+    value = (meta or {}).get("pace")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and MIN_PACE <= value <= 1.0:
+        return float(value)
+    return 1.0
+
+
+def pause_after(play_s: float, pace: float) -> float:
+    """Seconds to pause after a segment that took ``play_s`` to play, so that playing is ``pace`` of the time.
+
+    >>> pause_after(2.0, 1.0), pause_after(2.0, 0.25), pause_after(20.0, 0.05)
+    (0.0, 6.0, 30.0)
+    """
+    return min(MAX_PAUSE_S, play_s * (1.0 / pace - 1.0)) if pace < 1.0 else 0.0
 
 
 class RolloutLoop:
@@ -39,6 +64,9 @@ class RolloutLoop:
         """(in the warm-up, after it) seconds between uploads, or None."""
         self.version: int | None = None
         """The version the worker plays (None until the first has arrived)."""
+        self.pace = 1.0
+        """The share of its time the worker plays, as the optimizer asked in the version it plays."""
+        self.paused_s = 0.0
 
     def run(self):
         """The loop, to its end: yields requests, returns the exit code."""
@@ -52,13 +80,19 @@ class RolloutLoop:
             asked = True
             if gone and not (yield from self._linger(gone)):
                 return 0
+            began = self.clock.monotonic()
             segment = w.collect()
+            pause = pause_after(self.clock.monotonic() - began, self.pace)
             self.uploader.add(segment)
             m.env_steps(segment.env_steps // self.agents_per_game)
             m.agent_steps(segment.env_steps)
             m.backlog(self.uploader.stats.backlog)
             for ep in segment.episodes:
                 m.episode(ep["learner_return"], ep["length"])
+            m.pace(self.pace)
+            if pause > 0:  # at a slower pace the optimizer trains what is played instead of dropping it
+                self.paused_s += pause
+                yield Sleep(pause)  # before the swap: the next segment plays the newest version, not one a pause old
             newer = self.poller.take()
             if newer is not None:  # swapped only between segments
                 m.param_version(self._swap(newer))
@@ -94,6 +128,7 @@ class RolloutLoop:
             self.poller.reject(new[0], self.version, str(e))
             return self.version
         self.version = new[0]
+        self.pace = pace_of(new[2])
         if self.upload_intervals is not None:
             self.uploader.interval_s = self.upload_intervals[0 if (new[2] or {}).get("warmup") is True else 1]
         return self.version

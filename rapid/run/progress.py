@@ -276,6 +276,9 @@ def balance_lines(last: dict) -> list[str]:
         lines.append(f"  used at least once : {last['samples_used'] / received:.1%} of received samples; "
                      f"{last['samples_dropped_stale'] / received:.1%} dropped stale, "
                      f"{last.get('samples_evicted_unused', 0) / received:.1%} evicted unused")
+    if last.get("balance_pace", 1.0) < 1.0:
+        lines.append(f"  rollout pace       : {last['balance_pace']:.0%} of full speed at the end (the optimizer "
+                     "slowed the rollout workers to what it can train: optimizer.pace_rollouts)")
     if "staleness_p50" in last:
         p50, p99 = last['staleness_p50'], last['staleness_p99']
         lines.append(f"  staleness          : p50 {p50:.0f}, p99 {p99:.0f} versions")
