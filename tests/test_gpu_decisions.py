@@ -90,3 +90,20 @@ def test_allow_tf32_sets_both_switches():
         assert tf32_switches() == (True, True)
     finally:  # process-wide switches: other tests in this process keep theirs
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def test_a_gpu_box_keeps_cores_for_the_optimizer_side_and_says_so(monkeypatch):
+    """Issue 59: on the recorded H200 box (16 cores, node inference by `auto`) the rollout workers took every core
+    but one and the optimizer's intake fell behind. The launcher now keeps cores for the optimizer, its decode
+    processes, the node's inference server and the evaluator; a CPU-only machine keeps its old count."""
+    import os
+
+    from rapid.roles.launcher import box_plan
+    from rapid.run.config_files import load_config
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    plan = box_plan(load_config("configs/moba-5v5.toml", ["run.num_workers=0"]))
+    assert plan.workers == 11 and "2 for its decode processes, 1 for the node inference server" in plan.line()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert box_plan(load_config("configs/moba-5v5.toml", ["run.num_workers=0"])).workers == 15

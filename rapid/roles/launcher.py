@@ -33,6 +33,8 @@ from rapid.errors import FormatError, UsageError
 from rapid.infra.identity import usable_cpus
 from rapid.infra.store import StoreError
 from rapid.monitoring.metrics import LauncherMetrics
+from rapid.optimizer.decode_pool import auto_workers
+from rapid.roles.box_plan import BoxPlan, plan_box
 from rapid.roles.restarts import RestartPolicy
 from rapid.roles.start_point import Resume
 from rapid.roles.startup import StopFlag, check_run_dir, log_to_file, open_run_store, rollout_seed, start_metrics
@@ -142,9 +144,19 @@ class ThreadRole:
             self.thread.join(timeout)
 
 
+def box_plan(cfg: Config) -> BoxPlan:
+    """How this machine's cores are shared when run.num_workers is 0 (see :mod:`rapid.roles.box_plan`)."""
+    import torch
+
+    cores, gpu = usable_cpus(), torch.cuda.is_available()
+    decoders = cfg.optimizer.decode_workers if cfg.optimizer.decode_workers >= 0 else auto_workers(cores)
+    return plan_box(cores, gpu, _node_inference(cfg)[0], decoders, cfg.eval.interval_s > 0)
+
+
 def default_workers() -> int:
-    """Rollout workers when run.num_workers is 0: one per core this process may use, less the optimizer's."""
-    return max(1, usable_cpus() - 1)
+    """Rollout workers when run.num_workers is 0 on a machine without GPU: one per core this process may use, less
+    the optimizer's."""
+    return plan_box(usable_cpus(), False, False, 0, False).workers
 
 
 def holds_run(run_dir: Path) -> bool:
@@ -272,7 +284,8 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_
     run_dir = prepare_run_dir(cfg, resume)
     launch = _launch(cfg, resume, launched)
     logs = run_dir / "logs"
-    workers = cfg.run.num_workers or default_workers()
+    plan = None if cfg.run.num_workers else box_plan(cfg)
+    workers = plan.workers if plan is not None else cfg.run.num_workers
     stop = StopFlag()
     # A resumed run plays new games: its workers' seeds differ from the first run's.
     seed_offset = int(time.time()) if resume else 0
@@ -286,6 +299,8 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_
         print(f"rapid train: run {cfg.run.name} in {run_dir} — {workers} rollout worker(s) × {cfg.env.num_games} games "
               f"of {cfg.env.name}{', as threads of one process' if in_process else ''}; logs in {logs}; "
               "Ctrl-C stops cleanly", flush=True)
+        if plan is not None:
+            print(f"rapid train: {plan.line()} (run.num_workers = 0; set it to choose)", flush=True)
     started = time.time()
     optimizer = make_optimizer(resume)
     optimizer.start()
