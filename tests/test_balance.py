@@ -117,12 +117,13 @@ def test_balancer_shrinks_back_when_arrivals_slow():
     assert bal.batch == 64
 
 
-def paced_run(pacing: bool, seconds: float = 600.0, full_rate: float = 2000.0, delay_s: float = 4.0):
+def paced_run(pacing: bool, seconds: float = 600.0, full_rate: float = 2000.0, delay_s: float = 4.0,
+              buffer: int = 4096):
     """Rollouts that could send 2,000 samples/s to an optimizer that trains 1,000/s at its largest batch; the pace
     rank 0 asks for reaches what arrives ``delay_s`` later (the next version, then an upload). Returns the pace
     over time and the share of samples wasted in the second half."""
     bal = Balancer(BalanceSettings(batch=256, max_batch=256, target_reuse=1.0, publish_interval_s=2.0,
-                                   buffer=4096 if pacing else 0, pace_every_s=max(5.0, delay_s)))
+                                   buffer=buffer if pacing else 0, pace_every_s=max(5.0, delay_s)))
     now = received = consumed = wasted = backlog = 0.0
     asked: deque[tuple[float, float]] = deque([(0.0, 1.0)])
     paces, half = [], None
@@ -136,8 +137,8 @@ def paced_run(pacing: bool, seconds: float = 600.0, full_rate: float = 2000.0, d
         received += arrival * step
         backlog += arrival * step - (256 if busy else 0)
         consumed += 256 if busy else 0
-        if backlog > 4096:
-            wasted, backlog = wasted + backlog - 4096, 4096
+        if backlog > buffer:
+            wasted, backlog = wasted + backlog - buffer, buffer
         d = bal.step(now, int(received), int(consumed), int(wasted), int(backlog), busy)
         asked.append((now, d.pace))
         paces.append(d.pace)
@@ -156,7 +157,8 @@ def test_the_pace_slows_rollouts_to_what_the_optimizer_trains_and_nothing_goes_t
 
 
 def test_the_pace_holds_when_a_change_takes_long_to_show():
-    _, waste = paced_run(pacing=True, delay_s=30.0, seconds=1800.0)  # uploads a minute apart (half of it, mean)
+    # uploads a minute apart (half of it, on average), and a buffer for what arrives meanwhile (30 s at full speed)
+    _, waste = paced_run(pacing=True, delay_s=30.0, seconds=1800.0, buffer=65536)
     assert waste < 0.05
 
 
