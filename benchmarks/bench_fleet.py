@@ -21,11 +21,15 @@ S3-compatible server on loopback (moto_server, ``--store moto``). Objects are sm
 ``--object-mb`` (experience) and ``--params-mb`` (params, snapshots, checkpoints) for latency and bytes.
 
 Prints, per key family: requests/s by type, MB/s, live objects at half time and at the end, S3 request cost
-per hour at list prices; then the health figures, each beside its bound (workers on a current version,
-updates done of possible, samples trained on of uploaded, games folded of played, poller failures, LIST pages
-per poll, the update loop's longest wait on rank 0's writer, the hottest key's GETs/s, $/h, discovery delay,
-fold lag), and the rest. ``--fault`` injects a known fault (``fleet/faults.py``) that must move its figure
-past its bound.
+per hour at list prices; then the health figures, each beside its bound (``fleet/report.py`` ``BOUNDS``): those
+of the data plane's pace (workers on a current version, updates done of possible, LIST pages per poll, the
+writer's longest wait, the hottest key's GETs/s, $/h, discovery delay, fold lag) and those read back from the
+store after the drain (``fleet/readback.py``: every sample made trained or lost for a named reason, versions at
+cadence with their own weights and reaching the workers, the pool's games, snapshots, checkpoints, ranks
+leaving together, requests per node and per worker), and the rest. It exits 1, with one ``FAIL`` line per figure
+out of its bound, unless ``--no-fail``; ``--json`` writes the figures, their bounds and the failures.
+``--fault`` injects a known fault (``fleet/faults.py``) that must move its figure past its bound;
+``benchmarks/bench_mutants.py`` plants known bugs in a copy of rapid and says which figure caught each.
 """
 
 from __future__ import annotations
