@@ -1,6 +1,7 @@
 """The scale model (benchmarks/bench_fleet.py) runs rapid's own loops, a small fleet of them is healthy by every
-figure it prints, every known fault moves its figure past its bound, and the model copies no loop of rapid's
-and reaches into none of its privates."""
+figure it prints, every known fault moves its figure past its bound (and an unhealthy run exits 1), every planted
+bug of the mutation check still finds its text in rapid, and the model copies no loop of rapid's and reaches into
+none of its privates."""
 
 from __future__ import annotations
 
