@@ -22,8 +22,8 @@ The design (GA3C's run-time scheduling with Rapid's targets):
   upload (samples then go "stale" by the dozen). Versions are published by time instead, about once per
   upload interval (``publish_interval_s``), so a staleness of 1 means "one upload behind", as in OpenAI
   Five (uploads and versions about once a minute there, staleness ≈ 0–1).
-- **Pace.** When samples pile up unused (more than ``PACE_HIGH`` batches, or half the buffer) with the batch
-  at its ceiling and samples going to waste, the optimizer asks the rollout workers to play a smaller share of
+- **Pace.** When samples pile up unused (more than ``PACE_HIGH`` batches, or half the buffer, above the two batches
+  that grow the batch) and samples go to waste, the optimizer asks the rollout workers to play a smaller share of
   their time (the ``pace`` each published version carries; Sample Factory throttles its sampler the same way): ×
   ``PACE_DOWN`` at most every ``pace_every_s`` (as long as a change takes to show in what arrives), down to
   ``PACE_MIN``; once less than a batch waits, × ``PACE_UP`` back towards 1. What is produced is then trained rather
@@ -89,30 +89,28 @@ PACE_HIGH = 4
 """Batches of unused samples (at most half the buffer) past which the rollouts are slowed."""
 
 
-def next_pace(pace: float, backlog: float, batch: int, buffer: int, at_ceiling: bool, waste_share: float,
-              falling: bool = False, trainable: float | None = None) -> float:
+def next_pace(pace: float, backlog: float, batch: int, buffer: int, waste_share: float, falling: bool = False,
+              trainable: float | None = None) -> float:
     """The share of their time the rollout workers should play: lower while more than ``PACE_HIGH`` batches (or half
-    the buffer) wait unused, the batch cannot grow and samples go to waste (a backlog a reuse target above 1
+    the buffer) wait unused and samples go to waste (a backlog a reuse target above 1
     keeps is no reason), unless that backlog is already ``falling``; higher once less than a batch waits and
     nothing goes to waste. A cut goes to ``trainable`` (the share of what arrives at this pace that the
     optimizer can train, when the arrivals measured were all played at it), at most ``PACE_CUT`` at once; else
     it is ``PACE_DOWN``.
 
-    >>> next_pace(1.0, backlog=5000, batch=256, buffer=8192, at_ceiling=True, waste_share=0.2)
+    >>> next_pace(1.0, backlog=5000, batch=256, buffer=8192, waste_share=0.2)
     0.7
-    >>> next_pace(1.0, backlog=5000, batch=256, buffer=8192, at_ceiling=True, waste_share=0.2, trainable=0.4)
+    >>> next_pace(1.0, backlog=5000, batch=256, buffer=8192, waste_share=0.2, trainable=0.4)
     0.4
-    >>> next_pace(0.4, backlog=5000, batch=256, buffer=8192, at_ceiling=True, waste_share=0.2, falling=True)
+    >>> next_pace(0.4, backlog=5000, batch=256, buffer=8192, waste_share=0.2, falling=True)
     0.4
-    >>> next_pace(1.0, backlog=5000, batch=256, buffer=8192, at_ceiling=False, waste_share=0.2)  # the batch grows
+    >>> next_pace(1.0, backlog=5000, batch=256, buffer=8192, waste_share=0.0)   # nothing wasted
     1.0
-    >>> next_pace(1.0, backlog=5000, batch=256, buffer=8192, at_ceiling=True, waste_share=0.0)   # nothing wasted
-    1.0
-    >>> next_pace(0.4, backlog=100, batch=256, buffer=8192, at_ceiling=True, waste_share=0.0)   # it drained
+    >>> next_pace(0.4, backlog=100, batch=256, buffer=8192, waste_share=0.0)   # it drained
     0.5
     """
     high = min(PACE_HIGH * batch, buffer // 2)
-    if backlog > high and at_ceiling and waste_share > PACE_WASTE:
+    if backlog > high and waste_share > PACE_WASTE:
         if falling:
             return pace
         cut = PACE_DOWN if trainable is None else min(PACE_DOWN, max(PACE_CUT, trainable))
@@ -286,7 +284,7 @@ class Balancer:
         since, got, held = self._pace_mark
         arrival = (received - got) / (now - since) if now > since else 0.0
         trainable = capacity / (arrival * self.s.target_reuse) if held and arrival > 0 and capacity > 0 else None
-        pace = next_pace(self.pace, backlog, self.batch, self.s.buffer, self.batch >= self.ceiling, waste_share,
+        pace = next_pace(self.pace, backlog, self.batch, self.s.buffer, waste_share,
                          falling=backlog < self._pace_backlog, trainable=trainable)
         self._pace_mark = (now, received, self._pace_held and pace == self.pace)
         self._pace_held = pace == self.pace

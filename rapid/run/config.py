@@ -149,10 +149,10 @@ class OptimizerConfig:
     about once per publish_interval_s, and log when rollouts outrun the optimizer (false: fixed
     batch_samples, publish_every and max_reuse)."""
     pace_rollouts: bool = True
-    """With balancing: when unused samples pile up past what the optimizer can use (more than 4 batches, or half
-    the buffer, waiting with the batch at its ceiling and samples going to waste), rank 0 asks the rollout workers to
-    play less of their time (each version's meta carries the share, 5%–100%; back up as the backlog drains), so
-    what is produced is trained instead of dropped stale or evicted unused."""
+    """With balancing: when unused samples pile up past what the optimizer can use (more than 4 batches, or half the
+    buffer, waiting while samples go to waste), rank 0 asks the rollout workers to play less of their time (each
+    version's meta carries the share, 5%–100%; back up as the backlog drains), so what is produced is trained
+    instead of dropped stale or evicted unused."""
     max_batch_samples: int = 0
     """Largest batch the balancer may grow to (0: 4 × batch_samples, at most buffer_samples / 2); it keeps a
     growth only if samples per busy second rose with it."""
