@@ -59,13 +59,14 @@ class Timing:
 
 class OptimizerLoop:
     def __init__(self, cfg: Config, parts: Parts, timing: Timing, stop, log, lead: bool, grouped: bool,
-                 version: int, rng, clock=time):
+                 version: int, rng, clock=time, gpu: bool = False):
+        """``gpu``: the learner trains on a GPU (its batch may grow larger: :func:`balance_settings`)."""
         self.cfg, self.p, self.timing, self.stop, self.log, self.lead = cfg, parts, timing, stop, log, lead
         self.clock, self.rng = clock, rng
         self.version = version
         """The newest version published (the loader reads it: experience from a later one is refused)."""
         self.agree = Agreement(grouped, lead)
-        self.settings = balance_settings(cfg)
+        self.settings = balance_settings(cfg, gpu)
         self.balancer = Balancer(self.settings, clock.monotonic()) if lead else None
         """Rank 0's only: its decision, carried by the agreement, is every rank's."""
         self.decision = Decision(self.settings.batch, self.settings.publish_interval_s, 0.0, 0.0, 0.0, 0.0, False,

@@ -43,12 +43,22 @@ def version_meta(cfg: Config, updates: int, elapsed_s: float) -> dict:
             "warmup": cfg.ppo.in_warmup(updates)}
 
 
-def balance_settings(cfg: Config) -> BalanceSettings:
+def balance_settings(cfg: Config, gpu: bool = False) -> BalanceSettings:
+    """The balancer's bounds. On a GPU learner the batch may grow to half the buffer (a GPU amortizes its
+    per-update launch cost over thousands of samples; growth trials still keep a size only if it pays), on a
+    CPU to 4 × batch_samples, as optimizer.max_batch_samples = 0 says.
+
+    >>> from rapid.run.config import OptimizerConfig
+    >>> cfg = Config(optimizer=OptimizerConfig(batch_samples=128, buffer_samples=8192))
+    >>> balance_settings(cfg).max_batch, balance_settings(cfg, gpu=True).max_batch
+    (512, 4096)
+    """
     o = cfg.optimizer
     multiple = o.microbatch_samples or 1
     if not o.balance:
         return BalanceSettings(o.batch_samples, o.batch_samples, o.max_reuse, 0.0, multiple)
-    hi = o.max_batch_samples or max(o.batch_samples, min(4 * o.batch_samples, o.buffer_samples // 2))
+    room = o.buffer_samples // 2
+    hi = o.max_batch_samples or max(o.batch_samples, room if gpu else min(4 * o.batch_samples, room))
     hi = max(o.batch_samples, hi - hi % multiple)
     interval = o.publish_interval_s or cfg.rollout.upload_interval_s
     r = cfg.rollout

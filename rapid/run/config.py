@@ -154,8 +154,8 @@ class OptimizerConfig:
     version's meta carries the share, 5%–100%; back up as the backlog drains), so what is produced is trained
     instead of dropped stale or evicted unused."""
     max_batch_samples: int = 0
-    """Largest batch the balancer may grow to (0: 4 × batch_samples, at most buffer_samples / 2); it keeps a
-    growth only if samples per busy second rose with it."""
+    """Largest batch the balancer may grow to (0: on a CPU learner 4 × batch_samples, at most buffer_samples / 2;
+    on a GPU learner buffer_samples / 2); it keeps a growth only if samples per busy second rose with it."""
     publish_interval_s: float = 0.0
     """With balancing: seconds between published versions (0: rollout.upload_interval_s, so a staleness of
     one version means one upload behind)."""
