@@ -95,6 +95,10 @@ def parse_args(argv=None):
     p.add_argument("--supply", type=float, default=1.3,
                    help="samples arriving ÷ what the stand-in learner takes at its smallest batch (the balancer "
                         "grows the batch to use the rest)")
+    p.add_argument("--inference", choices=("local", "node"), default="local",
+                   help="rollout.inference: policy in each worker, or one server a node (fleet/node.py)")
+    p.add_argument("--server-row-us", type=float, default=1.0, help="node server: µs a decision")
+    p.add_argument("--server-pass-ms", type=float, default=0.5, help="node server: ms a pass (once a step)")
     p.add_argument("--segment-s", type=float, default=5.0, help="a worker's segment (versions swap between)")
     p.add_argument("--samples", type=int, default=1, help="samples per segment (in memory)")
     p.add_argument("--games", type=float, default=3.0, help="finished games per upload interval per worker")
@@ -122,6 +126,8 @@ def parse_args(argv=None):
         p.error(str(e))
     if a.topology == "per-process":
         a.workers_per_node = 0
+    if a.faults.server_killed and a.inference != "node":
+        p.error("--fault server-killed needs --inference node")
     return a
 
 
@@ -137,7 +143,8 @@ def settings_of(a) -> Settings:
                     workers_per_node=a.workers_per_node, grad_mb=a.params_mb, target_reuse=a.target_reuse,
                     supply=a.supply, upload_s=cadence["upload_s"], param_poll_s=cadence["param_poll_s"],
                     publish_s=cadence["publish_s"], snapshot_every=a.snapshot_every,
-                    checkpoint_every=a.checkpoint_every, max_backlog=a.max_backlog)
+                    checkpoint_every=a.checkpoint_every, max_backlog=a.max_backlog, inference=a.inference,
+                    server_row_s=a.server_row_us * 1e-6, server_pass_s=a.server_pass_ms * 1e-3)
 
 
 def size_scale(a) -> dict:
@@ -173,6 +180,8 @@ def run_once(a, store_kind: str, out=print) -> dict:
         f"publish every {s.publish_s:g} s, segments of {s.segment_s:g} s, retention {s.retention_s:g} s, "
         f"update {s.update_s:g} s (σ {s.update_spread:g}), "
         + (f"{s.workers_per_node} workers a node cache" if s.workers_per_node else "no node cache")
+        + (f", one inference server a node ({s.server_pass_s * 1e3:g} ms a pass, {s.server_row_s * 1e6:g} µs a "
+           f"decision, {s.decisions_per_segment:,} decisions a segment)" if s.inference == "node" else "")
         + (f"; faults: {', '.join(a.faults.names())}" if a.faults.names() else ""))
     out(f"scaling: {s.samples_per_segment} sample(s) a segment in memory; experience objects ×"
         f"{latency.size_scale['experience']:,.0f} → {a.object_mb:g} MB, params ×{latency.size_scale['params']:,.0f}"

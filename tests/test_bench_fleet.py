@@ -58,12 +58,22 @@ def test_a_small_fleet_is_healthy_by_every_figure(healthy):
     ("hung-get=30", {"poller_failures"}),
     ("experience-outage=150", {"trained_share", "pool_games_share"}),
     ("rank-stop", {"updates_share", "publish_cadence"}),
+    ("server-killed", {"inference_restarts", "server_wait_max_s"}),  # with --inference node
 ])
 def test_each_fault_moves_its_figure_past_its_bound(fault, moved):
-    fig = run("--max-backlog", "2", "--fault", fault)
+    node = ["--inference", "node"] if fault == "server-killed" else []
+    fig = run("--max-backlog", "2", "--fault", fault, *node)
     assert moved <= failing(fig)
     # Whatever the fault, every sample is trained or lost for a named reason, and the ranks update together.
     assert {"unaccounted_samples", "rank_updates_spread"}.isdisjoint(failing(fig))
+
+
+def test_a_small_fleet_with_node_inference_is_healthy_and_its_servers_batch():
+    fig = run("--inference", "node")
+    assert failing(fig) == set(), [line for line in fig["lines"] if "FAIL" in line]
+    batches = fig["server_batches"]
+    assert batches["batches"] > 0 and batches["rows"] > batches["batches"] and 0 < fig["server_busy_share"] < 0.9
+    assert fig["families"]["params/LATEST"]["GET"] > 0  # the servers read the parameters, through the node cache
 
 
 def test_an_unhealthy_run_exits_1_with_one_line_per_figure_and_its_bounds_in_the_json(tmp_path, capsys):
@@ -96,7 +106,7 @@ def test_the_model_drives_rapids_own_loops_and_touches_no_private():
                 if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rapid")
                 for alias in node.names}
     assert {"RolloutLoop", "OptimizerLoop", "Uploader", "ParamPoller", "ExperienceLoader", "BackgroundWriter",
-            "LeagueKeeper", "NodeCachedStore"} <= imported
+            "LeagueKeeper", "NodeCachedStore", "ServerVersions", "BatchStats", "InferenceLost"} <= imported
     private = [(name, node.lineno, node.attr) for name, tree in sources.items() for node in ast.walk(tree)
                if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))]

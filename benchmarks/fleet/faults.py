@@ -15,6 +15,9 @@
   fill and drop their oldest objects; moves ``trained_share`` (the samples lost are named: backlog dropped).
 - ``rank-stop``: at ``FAULT_AT_S`` the last rank's stop flag is set (a signal to one process): every rank must
   leave with it, together; moves ``updates_share`` (the run ends early), never ``ranks_stop_spread_s``.
+- ``server-killed`` (with ``--inference node``): at ``FAULT_AT_S`` node 0's inference server dies; its workers'
+  games restart (``InferenceLost``) and the next request starts a server afresh; moves ``games_restarted`` and
+  ``server_wait_p99_s`` (the new server takes ``server_start_s`` to answer).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from .standins import StoreWrapper
 FAULT_AT_S = 120.0
 """When the timed faults start: after the first minute, when the healthy figures are measured from."""
 NAMES = ("params-outage", "wrong-meta", "stale-drop", "keeper-stopped", "one-shard", "hung-get", "experience-outage",
-         "rank-stop")
+         "rank-stop", "server-killed")
 TIMED = ("params-outage", "hung-get", "experience-outage")
 
 
@@ -50,6 +53,7 @@ class Faults:
     hung_get_s: float = 0.0
     experience_outage_s: float = 0.0
     rank_stop: bool = False
+    server_killed: bool = False
 
     @classmethod
     def parse(cls, specs: list[str]) -> Faults:
@@ -74,7 +78,7 @@ class Faults:
 
     def names(self) -> list[str]:
         out = [f"params-outage={self.params_outage_s:g}"] if self.params_outage_s else []
-        out += [n for n in ("wrong-meta", "stale-drop", "keeper-stopped", "one-shard", "rank-stop")
+        out += [n for n in ("wrong-meta", "stale-drop", "keeper-stopped", "one-shard", "rank-stop", "server-killed")
                 if getattr(self, n.replace("-", "_"))]
         out += [f"experience-outage={self.experience_outage_s:g}"] if self.experience_outage_s else []
         return out + ([f"hung-get={self.hung_get_s:g}"] if self.hung_get_s else [])
@@ -87,6 +91,12 @@ class Faults:
             store.fail_puts("params/", FAULT_AT_S, FAULT_AT_S + self.params_outage_s)
         if self.experience_outage_s:
             store.fail_puts("experience/", FAULT_AT_S, FAULT_AT_S + self.experience_outage_s)
+
+    def actors(self, fleet) -> list[tuple[str, object]]:
+        """The faults that happen to a running fleet at ``FAULT_AT_S``: (name, scheduler actor) of each."""
+        if self.server_killed:
+            fleet.servers[0].dies_at = FAULT_AT_S  # a process's death is planned: see NodeServer.current
+        return [("rank stop", _stop_one_rank(fleet))] if self.rank_stop else []
 
     def params_store(self, store) -> ParameterStore:
         return WrongMeta(store) if self.wrong_meta else ParameterStore(store)
@@ -117,3 +127,8 @@ class HungGets(StoreWrapper):
             self.clock.charge(self.seconds)
             raise StoreError(f"get {key}: read timeout after {self.seconds:g}s")
         return self.inner.get(key, *args, **kwargs)
+
+
+def _stop_one_rank(fleet):
+    fleet.ranks[-1].stop.set("signal")  # one process told to stop: the agreement takes every rank with it
+    yield None

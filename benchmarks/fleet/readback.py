@@ -29,6 +29,7 @@ from rapid.league import League
 from rapid.optimizer.checkpoints import load_checkpoint, load_latest_checkpoint
 from rapid.run.store_map import CHECKPOINTS_PREFIX, parse_checkpoint_key, parse_params_key
 
+from .node import figures as node_figures
 from .report import MEASURE_FROM_S
 
 STOP_SPREAD_S = 10.0
@@ -151,7 +152,7 @@ def publish_figures(fleet, reached: float) -> dict:
         if ver.updates is None or ver.weights != ver.updates or ver.updates <= last_updates:
             bad += 1
         last_updates = ver.updates if ver.updates is not None else last_updates
-    bad += sum(w.source.wrong_weights for w in fleet.all_workers)
+    bad += sum(w.source.wrong_weights for w in fleet.all_workers) + sum(n.wrong_weights for n in fleet.servers)
     window = 2 * s.publish_s
     reach = [_reached(fleet, v, at, at + window) for v, at in moved if MEASURE_FROM_S <= at <= end - window]
     return {"publish_cadence": cadence, "bad_versions": bad,
@@ -266,6 +267,7 @@ def readback(fleet, reached: float) -> dict:
     for part in (publish_figures(fleet, reached), league_figures(fleet, peek), checkpoint_figures(fleet, peek),
                  rank_figures(fleet, reached), request_figures(fleet, reached)):
         fig.update(part)
+    fig.update(node_figures(fleet, reached))
     fig["unreadable_objects"] = len(fleet.ledger.unreadable)
     fig["backlog_kept_older"] = backlog_kept_older(fleet)
     fig["bad_objects"] = sum(r.loader.stats.bad_objects for r in fleet.ranks)  # rapid's own uploads, all valid

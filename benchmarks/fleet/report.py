@@ -87,6 +87,10 @@ BOUNDS = {
     "loaded_twice": ("<=", 0),
     "bad_objects": ("<=", 0),
     "backlog_kept_older": ("<=", 0),
+    # the node inference servers (node.py; 0 under local inference)
+    "server_busy_share": ("<=", 0.9),
+    "server_wait_max_s": ("<=", None),  # one segment
+    "inference_restarts": ("<=", 0),
 }
 """The bound each health figure must keep (the issue's, at the product card's shape; None: from the run's
 cadence; "in": a closed range)."""
@@ -95,7 +99,7 @@ cadence; "in": a closed range)."""
 def bound_of(name: str, s) -> tuple[str, float | tuple[float, float]]:
     op, value = BOUNDS[name]
     if value is None:
-        value = s.upload_s if name == "discovery_p99_s" else s.publish_s  # fold lag, writer wait: a publish
+        value = {"discovery_p99_s": s.upload_s, "server_wait_max_s": s.segment_s}.get(name, s.publish_s)
     return op, value
 
 

@@ -53,6 +53,12 @@ class Settings:
     churn: float = 0.0  # fault: this share of the workers leaves (and is replaced) every upload interval
     shards: int = 0  # experience shards (0: one per rank, as store.experience_shards)
     workers_per_node: int = 0  # workers sharing a node cache (0: none, every worker reads the store)
+    inference: str = "local"  # or "node": one inference server a node (fleet/node.py)
+    decisions_per_segment: int = 235_000  # a moba 5v5 worker's agent-steps in 5 s (47k/s: bench_rollout, H200)
+    steps_per_segment: int = 735  # its env steps in those 5 s (32 games × 10 agents a step)
+    server_pass_s: float = 0.5e-3  # a node server's pass, paid once a step whatever the batch (assumed split)
+    server_row_s: float = 1.0e-6  # and per decision: ~1.9 ms a pass of ~1,410 rows (bench_rollout, H200)
+    server_start_s: float = 20.0  # a node server process started afresh until it answers (torch, its policy)
     grad_mb: float = 2.6  # bytes all-reduced per update (the moba 5v5 model's gradients)
     links: Links = field(default_factory=Links)
     costs: Costs = field(default_factory=Costs)

@@ -44,6 +44,7 @@ from rapid.run.store_map import PARAMS_LATEST, POOL_POINTER, read_layout, write_
 from .drive import Group, loop_actor
 from .faults import FAULT_AT_S, Faults
 from .ledger import Ledger
+from .node import NodeServer, ServerLink
 from .report import MEASURE_FROM_S
 from .sched import Actor, OutOfTime, Scheduler
 from .settings import SHAPE, Settings, sample_arrays
@@ -107,12 +108,15 @@ class Worker:
         self.uploader = Uploader(store, self.id, s.upload_s, s.max_backlog, shards=shards, clock=clock.time,
                                  on_drop=self._dropped,
                                  incarnation=f"{at:.0f}{int(rng.integers(1 << 24)):06x}")
-        self.poller = ParamPoller(ParameterStore(reads), s.param_poll_s, QUIET, on_failure=fleet.poller_failed,
-                                  rng=random.Random(int(rng.integers(1 << 31))))
+        link = ServerLink(fleet.servers[index // s.workers_per_node]) if fleet.servers else None
+        self.link = link
+        self.poller = link.versions if link else ParamPoller(
+            ParameterStore(reads), s.param_poll_s, QUIET, on_failure=fleet.poller_failed,
+            rng=random.Random(int(rng.integers(1 << 31))))
         sampler = OpponentSampler(League(reads, clock=clock.time), fleet.cfg.league, clock=clock.monotonic)
         games = s.games_per_upload * s.segment_s / s.upload_s
         self.source = SimSource(clock, rng, fleet.template, sampler, s.segment_s, games, fleet.snapshot_failed,
-                                fleet.next_ids)
+                                fleet.next_ids, link and (lambda seg: link.play(seg, s.decisions_per_segment)))
         self.stop = SimStop(clock)
         watch = RunWatch(reads, quiet_s=max(60.0, 3 * s.publish_s), clock=clock.time)
         self.loop = RolloutLoop(self.source, self.uploader, self.poller, watch, NullMetrics(), 2, 0.0, self.stop,
@@ -126,16 +130,17 @@ class Worker:
         start = fleet.sched.start
         self.actor = start(Actor(self.id, loop_actor(clock, self.loop.run(), on_end=self._ended), skew,
                                  self.process), at)
-        start(Actor(f"{self.id}-poller", self._poller(), skew, self.process), at)
+        if isinstance(self.poller, ParamPoller):  # under node inference the node's server is the one reader
+            start(Actor(f"{self.id}-poller", self._poller(self.poller), skew, self.process), at)
         start(Actor(f"{self.id}-sealer", self._sealer(), skew, self.process), at + float(rng.uniform(0, s.upload_s)))
         self.upload_actor = start(Actor(f"{self.id}-uploader", self._uploads(), skew, self.process), at)
         if s.slow_upload_s and rng.random() < 0.1:
             fleet.meter.slow_put[self.upload_actor] = s.slow_upload_s
 
-    def _poller(self):
+    def _poller(self, poller: ParamPoller):
         while not self.done:
-            self.poller.poll_once()
-            yield self.fleet.clock.t() + self.poller.next_wait()
+            poller.poll_once()
+            yield self.fleet.clock.t() + poller.next_wait()
 
     def _sealer(self):
         while not self.done:
@@ -297,12 +302,15 @@ class Fleet:
             write_layout(store, s.shards or s.ranks)
             ParameterStore(store).publish(0, PARAM_TENSORS, {**version_meta(self.cfg, 0, 0.0), "env": "fleet"})
             self.ranks = [Rank(self, k) for k in range(s.ranks)]
+            per_node = s.workers_per_node or s.workers
+            self.servers = [NodeServer(self, n, self.node_store(n * per_node, self.charged(store)))
+                            for n in range(-(-s.workers // per_node))] if s.inference == "node" else []
             self.workers = {i: Worker(self, i, 0.0) for i in range(s.workers)}
         self.sched.start(Actor("monitor", self._monitor()), 60.0)
         if s.churn:
             self.sched.start(Actor("churn", self._churn()), s.upload_s)
-        if self.faults.rank_stop:
-            self.sched.start(Actor("rank stop", self._stop_one_rank()), FAULT_AT_S)
+        for name, actor in self.faults.actors(self):
+            self.sched.start(Actor(name, actor), FAULT_AT_S)
 
     def charged(self, store, decoder: object = None):
         return CpuCharged(store, self.clock, self.meter.latency, self.s.costs, decoder)
@@ -362,10 +370,6 @@ class Fleet:
         self.received_to = self.ranks[0].buffer.stats().received
         for w in self.workers.values():
             w.leave()
-        yield None
-
-    def _stop_one_rank(self):
-        self.ranks[-1].stop.set("signal")  # one process told to stop: the agreement takes every rank with it
         yield None
 
     def _stop_ranks(self):

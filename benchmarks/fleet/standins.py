@@ -213,11 +213,12 @@ class SimSource:
     opponent the real league sampler chose at the game's start (a snapshot's weights loaded as the real
     worker does). Each sample carries a fleet-wide id (``next_ids``); ``produced`` keeps this source's, and
     ``swaps`` when each version began to play; ``wrong_weights`` counts versions whose weights are not the ones
-    their meta's update count says."""
+    their meta's update count says (under node inference the server counts them: it holds the weights)."""
 
     def __init__(self, clock, rng, template: dict, sampler, segment_s: float, games_per_segment: float,
-                 on_snapshot_failure, next_ids):
+                 on_snapshot_failure, next_ids, play=None):
         self.clock, self.rng, self.template, self.sampler = clock, rng, template, sampler
+        self.play = play  # under node inference: a segment's steps beside the node's server (fleet/node.py)
         self.segment_s, self.games_per_segment = segment_s, games_per_segment
         self.on_snapshot_failure, self.next_ids = on_snapshot_failure, next_ids
         self.version: int | None = None
@@ -228,15 +229,18 @@ class SimSource:
         self.wrong_weights = 0
 
     def set_params(self, version: int, tensors: dict, meta: dict) -> None:
-        if set(tensors) != set(PARAM_TENSORS):
-            raise ValueError("parameters do not match the model")
-        if not np.all(tensors["w"] == meta.get("updates")):
-            self.wrong_weights += 1
+        if self.play is None:  # under node inference the server holds the weights (and checks them)
+            if set(tensors) != set(PARAM_TENSORS):
+                raise ValueError("parameters do not match the model")
+            self.wrong_weights += int(not np.all(tensors["w"] == meta.get("updates")))
         self.version = version
         self.swaps.append((self.clock.t(), version))
 
     def collect(self) -> Segment:
-        self.clock.charge(self.segment_s)
+        if self.play is None:
+            self.clock.charge(self.segment_s)
+        else:
+            self.play(self.segment_s)
         self.sampler.refresh()
         self.games_due += self.games_per_segment
         n_games, self.games_due = int(self.games_due), self.games_due - int(self.games_due)
