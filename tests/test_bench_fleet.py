@@ -59,6 +59,7 @@ def test_a_small_fleet_is_healthy_by_every_figure(healthy):
     ("experience-outage=150", {"trained_share", "pool_games_share"}),
     ("rank-stop", {"updates_share", "publish_cadence"}),
     ("server-killed", {"inference_restarts", "server_wait_max_s"}),  # with --inference node
+    ("lease-lost", {"updates_share", "publish_cadence"}),  # rank 0 stops, every rank with it
 ])
 def test_each_fault_moves_its_figure_past_its_bound(fault, moved):
     node = ["--inference", "node"] if fault == "server-killed" else []
@@ -106,7 +107,7 @@ def test_the_model_drives_rapids_own_loops_and_touches_no_private():
                 if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rapid")
                 for alias in node.names}
     assert {"RolloutLoop", "OptimizerLoop", "Uploader", "ParamPoller", "ExperienceLoader", "BackgroundWriter",
-            "LeagueKeeper", "NodeCachedStore", "ServerVersions", "BatchStats", "InferenceLost"} <= imported
+            "LeagueKeeper", "NodeCachedStore", "ServerVersions", "BatchStats", "InferenceLost", "RunLease"} <= imported
     private = [(name, node.lineno, node.attr) for name, tree in sources.items() for node in ast.walk(tree)
                if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))]

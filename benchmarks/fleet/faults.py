@@ -17,7 +17,9 @@
   leave with it, together; moves ``updates_share`` (the run ends early), never ``ranks_stop_spread_s``.
 - ``server-killed`` (with ``--inference node``): at ``FAULT_AT_S`` node 0's inference server dies; its workers'
   games restart (``InferenceLost``) and the next request starts a server afresh; moves ``games_restarted`` and
-  ``server_wait_p99_s`` (the new server takes ``server_start_s`` to answer).
+  ``server_wait_max_s`` (the new server takes ``server_start_s`` to answer).
+- ``lease-lost``: at ``FAULT_AT_S`` another optimizer takes the run's lease (``fleet/lease.py``): rank 0 must
+  stop with every rank; moves ``updates_share`` and ``lease_lost_stop_s``; ``writes_after_lease_lost`` must stay 0.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from .standins import StoreWrapper
 FAULT_AT_S = 120.0
 """When the timed faults start: after the first minute, when the healthy figures are measured from."""
 NAMES = ("params-outage", "wrong-meta", "stale-drop", "keeper-stopped", "one-shard", "hung-get", "experience-outage",
-         "rank-stop", "server-killed")
+         "rank-stop", "server-killed", "lease-lost")
 TIMED = ("params-outage", "hung-get", "experience-outage")
 
 
@@ -54,6 +56,7 @@ class Faults:
     experience_outage_s: float = 0.0
     rank_stop: bool = False
     server_killed: bool = False
+    lease_lost: bool = False
 
     @classmethod
     def parse(cls, specs: list[str]) -> Faults:
@@ -78,7 +81,8 @@ class Faults:
 
     def names(self) -> list[str]:
         out = [f"params-outage={self.params_outage_s:g}"] if self.params_outage_s else []
-        out += [n for n in ("wrong-meta", "stale-drop", "keeper-stopped", "one-shard", "rank-stop", "server-killed")
+        out += [n for n in ("wrong-meta", "stale-drop", "keeper-stopped", "one-shard", "rank-stop", "server-killed",
+                            "lease-lost")
                 if getattr(self, n.replace("-", "_"))]
         out += [f"experience-outage={self.experience_outage_s:g}"] if self.experience_outage_s else []
         return out + ([f"hung-get={self.hung_get_s:g}"] if self.hung_get_s else [])
@@ -96,7 +100,8 @@ class Faults:
         """The faults that happen to a running fleet at ``FAULT_AT_S``: (name, scheduler actor) of each."""
         if self.server_killed:
             fleet.servers[0].dies_at = FAULT_AT_S  # a process's death is planned: see NodeServer.current
-        return [("rank stop", _stop_one_rank(fleet))] if self.rank_stop else []
+        out = [("rank stop", _stop_one_rank(fleet))] if self.rank_stop else []
+        return out + ([("lease taken", fleet.lease.take_over())] if self.lease_lost else [])
 
     def params_store(self, store) -> ParameterStore:
         return WrongMeta(store) if self.wrong_meta else ParameterStore(store)

@@ -96,7 +96,7 @@ MUTANTS = [
                                          "experience_key(shard, int(self.clock()),")),
     # the optimizer's loader and buffer
     mutant("loader-forgets-seen", "the loader does not remember the keys it took", "rapid/optimizer/loader.py",
-           ("            self._seen.add(key)\n            downloads.append(", "            downloads.append(")),
+           ("            self._seen.add(key)\n            if self.decoder", "            if self.decoder")),
     mutant("loader-cursor-ahead", "the listing cursor's lookback added instead of subtracted",
            "rapid/optimizer/loader.py", ("        since_ms = int((now - self.lookback_s) * 1000)",
                                          "        since_ms = int((now + self.lookback_s) * 1000)")),

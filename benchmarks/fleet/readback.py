@@ -29,6 +29,7 @@ from rapid.league import League
 from rapid.optimizer.checkpoints import load_checkpoint, load_latest_checkpoint
 from rapid.run.store_map import CHECKPOINTS_PREFIX, parse_checkpoint_key, parse_params_key
 
+from .lease import figures as lease_figures
 from .node import figures as node_figures
 from .report import MEASURE_FROM_S
 
@@ -268,6 +269,7 @@ def readback(fleet, reached: float) -> dict:
                  rank_figures(fleet, reached), request_figures(fleet, reached)):
         fig.update(part)
     fig.update(node_figures(fleet, reached))
+    fig.update(lease_figures(fleet))
     fig["unreadable_objects"] = len(fleet.ledger.unreadable)
     fig["backlog_kept_older"] = backlog_kept_older(fleet)
     fig["bad_objects"] = sum(r.loader.stats.bad_objects for r in fleet.ranks)  # rapid's own uploads, all valid

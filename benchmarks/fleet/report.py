@@ -91,6 +91,9 @@ BOUNDS = {
     "server_busy_share": ("<=", 0.9),
     "server_wait_max_s": ("<=", None),  # one segment
     "inference_restarts": ("<=", 0),
+    # the run's lease (lease.py; 0 unless another optimizer takes the run)
+    "writes_after_lease_lost": ("<=", 0),
+    "lease_lost_stop_s": ("<=", 30.0),  # a renewal tick (ttl/4 = 15 s) and the ranks' agreement to stop
 }
 """The bound each health figure must keep (the issue's, at the product card's shape; None: from the run's
 cadence; "in": a closed range)."""

@@ -43,6 +43,7 @@ from rapid.run.store_map import PARAMS_LATEST, POOL_POINTER, read_layout, write_
 
 from .drive import Group, loop_actor
 from .faults import FAULT_AT_S, Faults
+from .lease import LeaseKeeping
 from .ledger import Ledger
 from .node import NodeServer, ServerLink
 from .report import MEASURE_FROM_S
@@ -302,6 +303,7 @@ class Fleet:
             write_layout(store, s.shards or s.ranks)
             ParameterStore(store).publish(0, PARAM_TENSORS, {**version_meta(self.cfg, 0, 0.0), "env": "fleet"})
             self.ranks = [Rank(self, k) for k in range(s.ranks)]
+            self.lease = LeaseKeeping(self, self.charged(store))
             per_node = s.workers_per_node or s.workers
             self.servers = [NodeServer(self, n, self.node_store(n * per_node, self.charged(store)))
                             for n in range(-(-s.workers // per_node))] if s.inference == "node" else []
