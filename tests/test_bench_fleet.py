@@ -69,6 +69,13 @@ def test_each_fault_moves_its_figure_past_its_bound(fault, moved):
     assert {"unaccounted_samples", "rank_updates_spread"}.isdisjoint(failing(fig))
 
 
+def test_an_optimizer_that_lost_its_lease_writes_nothing_more():
+    """Rank 0 stopped on a lost lease used to publish its unpublished updates at its clean stop, a version among
+    the new holder's (found by the model's lease-lost fault)."""
+    fig = run("--max-backlog", "2", "--fault", "lease-lost")
+    assert fig["writes_after_lease_lost"] == 0 and "writes_after_lease_lost" not in failing(fig)
+
+
 def test_a_small_fleet_with_node_inference_is_healthy_and_its_servers_batch():
     fig = run("--inference", "node")
     assert failing(fig) == set(), [line for line in fig["lines"] if "FAIL" in line]

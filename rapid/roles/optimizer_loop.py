@@ -41,6 +41,7 @@ from rapid.roles.optimizer_parts import Parts, Prefetching
 from rapid.roles.optimizer_settings import balance_settings, run_progress, version_meta
 from rapid.roles.steps import AllGather, Sleep, Until
 from rapid.run.config import Config
+from rapid.run.lease import LEASE_LOST
 
 MAX_FAILED_IN_ROW = 50  # a bad batch is skipped; this many in a row is a broken learner, not bad data
 
@@ -266,6 +267,10 @@ class OptimizerLoop:
         nothing more: run_optimizer says so in one line."""
         yield from self._pool_games()
         writer = self._lead_writer()
+        if writer is not None and self.stop.reason == LEASE_LOST:  # another optimizer holds the run now
+            self.log.warning("another optimizer took the run's lease: %d update(s) since v%d are not published",
+                             self.p.learner.updates - self.published_updates, self.version)
+            return
         while writer is not None and self.held is not None and not writer.failed:
             if not self._queue_held():
                 yield Until(lambda: writer.can_submit() or writer.failed, self.timing.round_s, writer.wait_for_room)
@@ -334,7 +339,7 @@ class OptimizerLoop:
         every rank asks on the same iteration)."""
         mine = self.p.loader.take_tally().encode()
         blobs = (yield AllGather(mine)) if self.agree.grouped else [mine]
-        if self.p.league is None:
+        if self.p.league is None or self.stop.reason == LEASE_LOST:  # the league is the new holder's to keep
             return
         tallies = []
         for rank, blob in enumerate(blobs):

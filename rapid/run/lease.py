@@ -44,6 +44,8 @@ from rapid.errors import UsageError
 from rapid.infra.store import KeyNotFound, Store, StoreError
 from rapid.run.store_map import LEASE_PREFIX, lease_key, load_json, parse_lease_key
 
+LEASE_LOST = "lease lost"
+"""The stop reason of an optimizer whose lease another one took: it writes nothing more to the run."""
 TTL_S = 60.0
 """How long a lease lasts without renewal: a holder on another host that died is replaced after this."""
 KEEP_EPOCHS = 4
@@ -180,7 +182,7 @@ class RunLease:
                 try:
                     if not self.renew():
                         log.error("another optimizer took this run's lease; stopping without a final checkpoint")
-                        stop.set("lease lost")
+                        stop.set(LEASE_LOST)
                         return
                 except StoreError as e:
                     log.warning("lease not renewed yet: %s", e)
