@@ -221,7 +221,16 @@ def run_once(a, store_kind: str, out=print) -> dict:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    logging.getLogger("rapid").setLevel(logging.ERROR)  # thousands of simulated roles: counted, not logged
+    product_log = logging.getLogger("rapid")
+    level = product_log.level
+    product_log.setLevel(logging.ERROR)  # thousands of simulated roles: counted, not logged
+    try:
+        return _main(a)
+    finally:
+        product_log.setLevel(level)  # a caller in the same process (a test) gets rapid's logs back
+
+
+def _main(a) -> int:
     if a.calibrate:
         calibrate(a, run_once)
         return 0
