@@ -1,6 +1,7 @@
 """The optimizer's loader thread: lists new experience objects of this rank's shards, downloads several
-at a time, and has them decoded and validated (in worker processes when ``decode_workers`` > 0) into the
-buffer. The games they carry are tallied for the league.
+at a time, and has them decoded and validated (in worker processes when ``decode_workers`` > 0, which read
+a local store's objects themselves and hand the arrays over in shared memory) into the buffer. The games
+they carry are tallied for the league.
 
 A rank lists only its own shards (``rapid.run.store_map.owned_shards``) and, each poll, only the keys named in
 the last ``lookback_s`` (S3's ``StartAfter`` from a cursor): a poll costs one LIST page per shard, however
@@ -56,11 +57,11 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from rapid.errors import FormatError
-from rapid.formats.experience import LIMITS, Shape
-from rapid.infra.store import BadObject, InvalidKey, KeyNotFound, Store, StoreError
+from rapid.formats.experience import Shape
+from rapid.infra.store import InvalidKey, Store, StoreError
 from rapid.league.results import Tally
 from rapid.opt.buffer import ExperienceBuffer
-from rapid.optimizer.decode_pool import Decoded, DecodePool
+from rapid.optimizer.decode_pool import Decoded, DecodePool, Rejected, Unread, read_object
 from rapid.run.quiet_log import QuietLog
 from rapid.run.store_map import (
     experience_cursor,
@@ -112,7 +113,7 @@ class ExperienceLoader:
         self.on_bad, self.on_load = on_bad, on_load
         self.current_version = current_version
         self.clock = clock
-        self.decoder = DecodePool(shape, decode_workers)
+        self.decoder = DecodePool(shape, decode_workers, store)
         self.downloads = downloads or ThreadPoolExecutor(max(1, download_threads),
                                                          thread_name_prefix=f"download-{rank}")
         self.max_downloads = max(1, download_threads)
@@ -217,6 +218,10 @@ class ExperienceLoader:
             if self._stop.is_set():
                 break
             self._seen.add(key)
+            if self.decoder.reads_store:  # a decode worker reads it: its bytes never enter this process
+                decoding.append((key, self.decoder.submit_key(key)))
+                loaded += self._finish_some(decoding)
+                continue
             downloads.append((key, self.downloads.submit(self._download, key)))
             while len(downloads) >= 2 * self.max_downloads:  # a bounded window: memory stays small
                 loaded += self._decode_next(downloads, decoding)
@@ -303,37 +308,40 @@ class ExperienceLoader:
             return self._bad(key, f"unexpected {type(e).__name__}: {e}")
         if started is None:
             return 0
-        data, seconds = started
-        decoding.append((key, len(data), seconds, self.decoder.submit(data)))
-        loaded = 0
-        while len(decoding) >= self.decoder.max_pending:
-            loaded += self._finish(*decoding.popleft())
-        return loaded
+        decoding.append((key, self.decoder.submit(*started)))
+        return self._finish_some(decoding)
+
+    def _finish_some(self, decoding: deque) -> int:
+        """Finish the oldest decodes until fewer than the decoder's window are pending."""
+        return sum(self._finish(*decoding.popleft()) for _ in range(len(decoding) + 1 - self.decoder.max_pending))
 
     def _download(self, key: str) -> tuple[bytes, float] | None:
         """``key``'s bytes and the seconds they took, or None (counted) if there is nothing to decode."""
         t0 = time.perf_counter()
-        try:
-            data = self.store.get(key, max_bytes=LIMITS.max_bytes)
-        except KeyNotFound:
-            return None  # deleted by retention elsewhere
-        except (InvalidKey, BadObject) as e:  # BadObject: too large, not a regular file; nothing was read
-            # A listed name the store refuses to read (odd characters put there behind rapid's back):
-            # a bad object like any other, not a reason for the loader thread to die.
-            self._bad(key, str(e))
-            return None
-        except StoreError as e:
+        data = read_object(self.store, key)
+        if isinstance(data, bytes):
+            return data, time.perf_counter() - t0
+        self._unread(key, data)
+        return None
+
+    def _unread(self, key: str, result: Rejected | Unread) -> int:
+        """An object not read: refused by the store (a bad object), gone, or the store failed (counted, and tried
+        again at the next poll)."""
+        if isinstance(result, Rejected):
+            return self._bad(key, result.why)
+        if result.why is not None:
             self.stats.store_errors += 1
             self._failed_downloads += 1
-            self._seen.discard(key)  # try again next poll
-            self.quiet.warning("download", "download of %s failed: %s", key, e)
-            return None
-        self.quiet.recovered("download", "downloading experience")
-        return data, time.perf_counter() - t0
+            self._seen.discard(key)
+            self.quiet.warning("download", "download of %s failed: %s", key, result.why)
+        return 0
 
-    def _finish(self, key: str, size: int, seconds: float, future) -> int:
+    def _finish(self, key: str, future: Future) -> int:
         try:
             result = self.decoder.result(future)
+            if isinstance(result, Unread):  # a worker's read: gone, or to be tried again
+                return self._unread(key, result)
+            self.quiet.recovered("download", "downloading experience")
             if not isinstance(result, Decoded):
                 return self._bad(key, result.why)
             if self.current_version is not None and result.max_version > self.current_version():
@@ -351,14 +359,14 @@ class ExperienceLoader:
                          "not counted as rollout load")
             self.stats.backlog_samples += result.num_samples
             self._backlog_at = self.clock()
-        self.stats.bytes += size
+        self.stats.bytes += result.nbytes
         self.stats.env_steps += result.env_steps
         with self._lock:
             self._episodes.extend(result.episodes)
             self._tally.add(result.episodes)
         self._done_at.append((self.clock(), key))
         if self.on_load:
-            self.on_load(result.num_samples, size, seconds)
+            self.on_load(result.num_samples, result.nbytes, result.seconds)
         return 1
 
     def _bad(self, key: str, why: str) -> int:
