@@ -1,4 +1,4 @@
-"""The node's inference server in the scale model (``--inference node``, SPEC §3d): one per node of
+"""The node's inference server in the scale model (``--inference node``; docs/architecture.md): one per node of
 ``workers_per_node`` workers, the node's one reader of parameters, deciding every local worker's actions.
 
 Rapid's own parts: each server's ``ParamPoller`` (through the node cache, stepped on an actor of the server's
