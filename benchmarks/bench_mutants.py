@@ -8,7 +8,8 @@ rapid is copied as installed (``pyproject.toml``'s ``package-dir``: ``envs/`` as
 folder, once unmutated and once per mutant, and ``benchmarks/bench_fleet.py`` runs with ``PYTHONPATH`` pointing
 there (the model itself is never mutated). Two fleets: ``small`` (healthy, its cadence short enough that
 versions, snapshots, checkpoints and folds all happen in four minutes) and ``outage`` (the same with an
-experience-store outage that fills the uploaders' small backlogs). A mutant is caught when a figure that is
+experience-store outage that fills the uploaders' small backlogs, and node inference servers deciding the workers'
+actions). A mutant is caught when a figure that is
 in bound on the unmutated copy is out of bound on it, or when the fleet crashes or hangs on it. Exit 1 when
 the share caught is below ``--min-score``; exit 2 when a mutant's text is not found in rapid (a refactor moved
 it: update the mutant, never let it run unmutated).
@@ -35,7 +36,8 @@ from fleet.mutants import MUTANTS, Mutant  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--workers", "32", "--ranks", "4", "--minutes", "4", "--upload-s", "10", "--publish-s", "20",
          "--snapshot-every", "3", "--checkpoint-every", "20", "--workers-per-node", "8", "--max-backlog", "2"]
-FLEETS = {"small": SMALL, "outage": [*SMALL, "--fault", "experience-outage=60"]}
+# The outage fleet decides through node inference servers: the small one covers the workers' own pollers.
+FLEETS = {"small": SMALL, "outage": [*SMALL, "--fault", "experience-outage=60", "--inference", "node"]}
 TIMEOUT_S = 180.0  # a fleet that runs this long on a mutant hangs (the unmutated one takes a few seconds)
 
 

@@ -91,6 +91,11 @@ MUTANTS = [
     mutant("run-watch-asks-when-fresh", "the run watch's quiet test inverted: it reads the lease while versions come",
            "rapid/run/run_watch.py",
            ("(now - last_version_at < self.quiet_s or", "(now - last_version_at > self.quiet_s or")),
+    mutant("run-watch-expiry-inverted", "the run watch calls a lease dead while it is still valid",
+           "rapid/run/run_watch.py", ("if holder.expires < self.clock():", "if holder.expires > self.clock():")),
+    mutant("server-versions-inverted", "a worker under node inference takes the server's version only when it "
+           "already has it", "rapid/rollout/inference_client.py",
+           ("if version is None or version == self._known:", "if version is None or version != self._known:")),
     mutant("key-time-in-seconds", "an experience key is named with the upload's time in seconds, not ms",
            "rapid/rollout/uploader.py", ("experience_key(shard, int(self.clock() * 1000),",
                                          "experience_key(shard, int(self.clock()),")),
