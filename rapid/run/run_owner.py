@@ -27,8 +27,8 @@ import json
 from dataclasses import dataclass
 
 from rapid.errors import FormatError, UsageError
-from rapid.infra.store import KeyNotFound, Store
-from rapid.run.store_map import RUN_OWNER, load_json
+from rapid.infra.store import Store
+from rapid.run.store_map import RUN_OWNER, get_document
 
 FORMAT = "rapid.owner"
 MAX_BYTES = 4096
@@ -53,14 +53,9 @@ def write_owner(store: Store, owner: Owner) -> None:
 
 def read_owner(store: Store) -> Owner | None:
     """The run's owner; None when none is recorded, FormatError for garbage."""
-    try:
-        raw = store.get(RUN_OWNER, max_bytes=MAX_BYTES)
-    except KeyNotFound:
+    found, doc = get_document(store, RUN_OWNER, MAX_BYTES)
+    if not found:
         return None
-    try:
-        doc = load_json(raw)
-    except (ValueError, UnicodeDecodeError):
-        doc = None
     if (not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("name"), str)
             or not isinstance(doc.get("env"), str)):
         raise FormatError(f"{RUN_OWNER} is not a rapid owner document")

@@ -105,15 +105,8 @@ def loader_mark_key(shard: int, index: int = 0, count: int = 1) -> str:
 def read_loader_mark(store: Store, key: str) -> tuple[int, set[str]] | None:
     """(t, keys): every object of the shard named before t (ms) was loaded, and so were ``keys`` named after
     it; None if there is no mark, FormatError if it is garbled."""
-    try:
-        raw = store.get(key, max_bytes=MAX_MARK_BYTES)
-    except KeyNotFound:
-        return None
-    try:
-        doc = load_json(raw)
-    except (ValueError, UnicodeDecodeError):
-        doc = None
-    return _loader_mark(doc, key)
+    found, doc = get_document(store, key, MAX_MARK_BYTES)
+    return _loader_mark(doc, key) if found else None
 
 
 def write_loader_mark(store: Store, key: str, through_ms: int, loaded_after: list[str]) -> None:
@@ -301,6 +294,19 @@ def load_json(data: bytes):
     return json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_bounded_int)
 
 
+def get_document(store: Store, key: str, max_bytes: int) -> tuple[bool, object]:
+    """(found, document) of a small JSON object: (False, None) when there is none, (True, None) for bytes that
+    are not JSON (the caller's checks refuse it), never more than ``max_bytes`` read."""
+    try:
+        raw = store.get(key, max_bytes=max_bytes)
+    except KeyNotFound:
+        return False, None
+    try:
+        return True, load_json(raw)
+    except (ValueError, UnicodeDecodeError):
+        return True, None
+
+
 def write_version_pointer(store: Store, key: str, version: int) -> None:
     """A ``LATEST``-style pointer: the version number as ASCII text (FormatError, and nothing written, for one
     that :func:`read_version_pointer` would refuse)."""
@@ -342,14 +348,9 @@ def write_layout(store: Store, shards: int) -> int:
 def read_run(store: Store) -> tuple[int, str | None] | None:
     """The run's experience shard count and id (a fresh id for every run, even in a reused store; None in a
     layout of an older rapid); None before the optimizer wrote it, FormatError for garbage."""
-    try:
-        raw = store.get(LAYOUT, max_bytes=4096)
-    except KeyNotFound:
+    found, doc = get_document(store, LAYOUT, 4096)
+    if not found:
         return None
-    try:
-        doc = load_json(raw)
-    except (ValueError, UnicodeDecodeError):
-        doc = None
     shards = doc.get("experience_shards") if isinstance(doc, dict) and doc.get("format") == LAYOUT_FORMAT else None
     run_id = doc.get("run_id", "") if isinstance(doc, dict) else None
     shards, run_id = _check_layout(shards, run_id)
