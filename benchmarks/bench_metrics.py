@@ -58,7 +58,7 @@ def main() -> None:
         opt.staleness(stale)
         opt.samples_consumed(args.minibatch)
         opt.sample_reuse(1.3)
-        opt.buffer_size(20_000)
+        opt.buffer_size(20_000, 32_768)
         opt.param_version(7)
 
     single = {

@@ -128,6 +128,8 @@ class OptimizerMetrics(RoleMetrics):
             "rapid_update_phase_duration_seconds", "Time per update phase.", PHASE_BUCKETS, ("phase",))
         self._version = self._gauge("rapid_param_version", "Parameter version of the model being trained.")
         self._buffer = self._gauge("rapid_buffer_samples", "Samples in the local experience buffer.")
+        self._capacity = self._gauge("rapid_buffer_capacity_samples", "Samples the local experience buffer holds "
+                                     "at most (grown with the arrival rate: optimizer.max_buffer_mb).")
         self._win = self._gauge("rapid_win_rate", "Recent win rate of the learning side.", ("opponent",))
         self._update_failures = self._counter(
             "rapid_update_failures_total", "Updates that raised on their batch and were skipped.")
@@ -207,8 +209,9 @@ class OptimizerMetrics(RoleMetrics):
     def bad_object(self, reason: str) -> None:
         self._bad[reason].inc()
 
-    def buffer_size(self, n: int) -> None:
+    def buffer_size(self, n: int, capacity: int) -> None:
         self._buffer.set(n)
+        self._capacity.set(capacity)
 
     def win_rate(self, opponent_kind: str, x: float) -> None:
         """Win rate against ``opponent_kind`` ("pool" or "bots")."""

@@ -52,6 +52,8 @@ class BufferStats:
     size: int = 0
     unused: int = 0
     """Samples in the buffer that no update has used yet: the backlog."""
+    capacity: int = 0
+    """Samples the buffer holds at most (it may have grown: :meth:`ExperienceBuffer.grow`)."""
 
     @property
     def reuse(self) -> float:
@@ -112,6 +114,28 @@ class ExperienceBuffer:
             self._stats.received += n
             self._added.notify_all()
 
+    def grow(self, capacity: int) -> bool:
+        """Hold ``capacity`` samples from now on, if more than today (a ring never shrinks). What it holds stays,
+        oldest first, with its uses; a batch drawn before keeps no claim on its slots (:meth:`remember` then
+        finds none). Returns whether it grew."""
+        with self._lock:
+            old = self.capacity
+            if capacity <= old:
+                return False
+            order = (self._next + np.arange(old)) % old  # oldest first: the ring unrolled
+            if self._arrays is not None:
+                grown = {k: np.zeros((capacity, *v.shape[1:]), v.dtype) for k, v in self._arrays.items()}
+                for key, value in self._arrays.items():
+                    grown[key][:old] = value[order]
+                self._arrays = grown
+            for name in ("_valid", "_uses"):
+                values = getattr(self, name)
+                setattr(self, name, np.concatenate([values[order], np.zeros(capacity - old, values.dtype)]))
+            # Every slot moved: a generation above any handed out means no earlier batch matches a slot now.
+            self._generation = np.full(capacity, int(self._generation.max(initial=0)) + 1, np.int64)
+            self.capacity, self._next = capacity, old
+            return True
+
     def _drop_stale(self, current_version: int) -> None:
         if self._arrays is None:
             return
@@ -168,4 +192,5 @@ class ExperienceBuffer:
             s = BufferStats(**vars(self._stats))
             s.size = int(self._valid.sum())
             s.unused = int((self._valid & (self._uses == 0)).sum())
+            s.capacity = self.capacity
             return s

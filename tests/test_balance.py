@@ -118,12 +118,13 @@ def test_balancer_shrinks_back_when_arrivals_slow():
 
 
 def paced_run(pacing: bool, seconds: float = 600.0, full_rate: float = 2000.0, delay_s: float = 4.0,
-              buffer: int = 4096):
+              buffer: int = 4096, most: int = 0):
     """Rollouts that could send 2,000 samples/s to an optimizer that trains 1,000/s at its largest batch; the pace
-    rank 0 asks for reaches what arrives ``delay_s`` later (the next version, then an upload). Returns the pace
-    over time and the share of samples wasted in the second half."""
+    rank 0 asks for reaches what arrives ``delay_s`` later (the next version, then an upload); the buffer starts at
+    ``buffer`` samples and may grow to ``most``. Returns the pace over time and the share of samples wasted in the
+    second half."""
     bal = Balancer(BalanceSettings(batch=256, max_batch=256, target_reuse=1.0, publish_interval_s=2.0,
-                                   buffer=buffer if pacing else 0, pace_every_s=max(5.0, delay_s)))
+                                   buffer=buffer if pacing else 0, pace_every_s=max(5.0, delay_s), max_buffer=most))
     now = received = consumed = wasted = backlog = 0.0
     asked: deque[tuple[float, float]] = deque([(0.0, 1.0)])
     paces, half = [], None
@@ -140,6 +141,7 @@ def paced_run(pacing: bool, seconds: float = 600.0, full_rate: float = 2000.0, d
         if backlog > buffer:
             wasted, backlog = wasted + backlog - buffer, buffer
         d = bal.step(now, int(received), int(consumed), int(wasted), int(backlog), busy)
+        buffer = max(buffer, d.buffer)
         asked.append((now, d.pace))
         paces.append(d.pace)
         if half is None and now >= seconds / 2:
@@ -165,3 +167,13 @@ def test_the_pace_holds_when_a_change_takes_long_to_show():
 def test_the_pace_comes_back_when_the_optimizer_keeps_up():
     paces, waste = paced_run(pacing=True, full_rate=800.0)
     assert waste == 0.0 and min(paces) == 1.0, "an optimizer that keeps up never slows the rollouts"
+
+
+def test_the_buffer_grows_to_hold_what_arrives_while_a_pace_takes_to_show():
+    # uploads a minute apart: a 4,096-sample buffer (2 s of arrivals) overflows long before a cut shows
+    _, fixed = paced_run(pacing=True, delay_s=60.0, seconds=2400.0)
+    _, grown = paced_run(pacing=True, delay_s=60.0, seconds=2400.0, most=1 << 20)
+    assert fixed > 0.02, f"a fixed buffer of 4,096 wastes {fixed:.1%}"
+    assert grown < 0.01, f"{grown:.1%} wasted with the buffer grown"
+    _, capped = paced_run(pacing=True, delay_s=60.0, seconds=2400.0, most=8192)
+    assert capped > grown, "max_buffer bounds the growth"

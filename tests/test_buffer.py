@@ -165,3 +165,23 @@ def test_a_batch_of_never_used_samples_is_served_even_past_the_reuse_budget():
     drawn = buf.sample(4, 0, rng, max_reuse=1.0)
     assert drawn is not None and buf.stats().used == 8
     assert buf.sample(1, 0, rng, max_reuse=1.0) is None  # a second use is still refused at reuse 1
+
+
+def test_a_grown_buffer_keeps_what_it_held_in_order_and_evicts_the_oldest_first():
+    buf = ExperienceBuffer(capacity=6, max_staleness=10, keep_reference=True)
+    rng = np.random.default_rng(0)
+    buf.add({**batch(4, version=1, start=0), "logp": np.zeros(4, np.float32)})
+    buf.add({**batch(4, version=1, start=4), "logp": np.zeros(4, np.float32)})   # wrapped: 0, 1 evicted unused
+    used, _ = buf.sample(2, current_version=1, rng=rng)
+    assert not buf.grow(6) and not buf.grow(3), "a ring never shrinks"
+    assert buf.grow(10) and buf.capacity == 10
+    s = buf.stats()
+    assert (s.size, s.unused, s.received, s.evicted_unused) == (6, 4, 8, 2)
+    buf.remember(used, np.zeros((2,), np.float32))   # drawn before the growth: its slots moved, nothing is kept
+    assert np.isnan(buf._arrays["reference_logp"][:6]).all()
+    buf.add({**batch(4, version=1, start=8), "logp": np.zeros(4, np.float32)})    # room for all: none evicted
+    assert buf.stats().evicted_unused == 2 and buf.stats().size == 10
+    buf.add({**batch(3, version=1, start=12), "logp": np.zeros(3, np.float32)})   # then the oldest: 2, 3, 4
+    out, _ = buf.sample(10, current_version=1, rng=rng, max_reuse=2.0)
+    assert sorted(out["id"].tolist()) == [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+    assert buf.stats().evicted_unused == 2 + sum(i not in used["id"] for i in (2, 3, 4))

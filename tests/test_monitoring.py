@@ -48,7 +48,7 @@ def drive(roles: dict, n: int) -> None:
     if n % 7 == 0:
         r.upload_failed(), r.backlog_dropped(1)
     o.samples_downloaded(64, 50_000, 0.03), o.samples_consumed(128), o.samples_dropped_stale(n % 2)
-    o.staleness(np.arange(n % 10)), o.sample_reuse(1.5), o.buffer_size(512), o.param_version(n)
+    o.staleness(np.arange(n % 10)), o.sample_reuse(1.5), o.buffer_size(512, 4096), o.param_version(n)
     o.update({"policy_loss": -0.01, "value_loss": 0.5, "entropy": 1.2, "approx_kl": 0.01, "clip_fraction": 0.1,
               "explained_variance": 0.3, "grad_norm": 2.0, "learning_rate": 3e-4})
     for phase in O.UPDATE_PHASES:

@@ -30,6 +30,8 @@ def test_summary_reports_use_waste_reuse_and_staleness():
     assert "96.0% of received samples" in text and "3.0% dropped stale" in text and "1.0% evicted" in text
     assert "target 1.00: within 10%" in text and "p50 1, p99 4" in text
     assert "off by more than 10%" in "\n".join(balance_lines({**last, "sample_reuse": 0.5}))
+    assert "experience buffer" not in text, "a buffer that kept its size is no news"
+    assert "grown to 32,768 samples per rank" in "\n".join(balance_lines({**last, "balance_buffer": 32768.0}))
 
 
 def test_summary_of_an_older_log_leaves_the_new_lines_out():

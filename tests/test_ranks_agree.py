@@ -65,10 +65,18 @@ class Learner:
 
 
 class Buffer:
-    """Always has a batch; reports a fixed backlog (what the balancer reads)."""
+    """Always has a batch; reports a fixed backlog (what the balancer reads); records the sizes it grows to."""
 
-    def __init__(self, backlog: int):
+    def __init__(self, backlog: int, capacity: int = 4096):
         self.backlog, self.consumed = backlog, 0
+        self.capacity, self.grown = capacity, []
+
+    def grow(self, capacity: int) -> bool:
+        if capacity <= self.capacity:
+            return False
+        self.capacity = capacity
+        self.grown.append(capacity)
+        return True
 
     def sample(self, batch, version, rng, max_reuse, timeout=0.0):
         self.consumed += batch
@@ -109,7 +117,7 @@ class Recorder:
         pass
 
 
-def make_rank(rank: int, size: int, cfg, store, backlog: int = 0):
+def make_rank(rank: int, size: int, cfg, store, backlog: int = 0, sample_bytes: int = 0):
     clock = Clock()
     learner, rec = Learner(clock), Recorder()
     lead = rank == 0
@@ -121,8 +129,10 @@ def make_rank(rank: int, size: int, cfg, store, backlog: int = 0):
                                                   {"state": {}, "param_groups": []}), store=store)
     stop = StopFlag(install_signals=False)
     loop = OptimizerLoop(cfg, parts, Timing(round_s=wait_round_s(TIMEOUT_S), sample_wait_s=0.0, idle_s=0.25),
-                         stop, LOG, lead, grouped=True, version=0, rng=np.random.default_rng(rank), clock=clock)
-    return SimpleNamespace(loop=loop, gen=loop.run(), clock=clock, learner=learner, rec=rec, writer=writer)
+                         stop, LOG, lead, grouped=True, version=0, rng=np.random.default_rng(rank), clock=clock,
+                         sample_bytes=sample_bytes)
+    return SimpleNamespace(loop=loop, gen=loop.run(), clock=clock, learner=learner, rec=rec, writer=writer,
+                           buffer=parts.buffer)
 
 
 def in_step(ranks, tick=lambda rank, t: None) -> float:
@@ -231,6 +241,32 @@ def test_every_rank_trains_rank_0s_batch_size(tmp_path):
     assert max(a) > 32
     # every rank reports the decision it trains by: rank 0's, as the agreement carried it
     assert [d.batch for d in ranks[1].rec.decisions[1:]] == [d.batch for d in ranks[0].rec.decisions[:-1]]
+
+
+def test_every_rank_grows_its_buffer_to_the_room_rank_0_asks_for(tmp_path, caplog):
+    """Samples arrive at ~2,500/s per rank (a batch of 256 every 0.1 s), a pace takes 5 s to show: 4,096 samples
+    hold under 2 s of it. Every rank grows to rank 0's room, on the same update, within max_buffer_mb."""
+    cfg = config("run.minutes=0.5", "optimizer.batch_samples=256", "optimizer.max_batch_samples=256",
+                 "optimizer.buffer_samples=4096", "optimizer.publish_interval_s=1.0", "optimizer.max_buffer_mb=20")
+    store = LocalStore(tmp_path)
+    ranks = [make_rank(r, 2, cfg, store, backlog=300, sample_bytes=1000) for r in range(2)]
+
+    def writer_runs(rank: int, t: float) -> None:
+        while rank == 0 and ranks[0].writer.run_next():
+            pass
+
+    with caplog.at_level(logging.INFO, LOG.name):
+        in_step(ranks, writer_runs)
+    a, b = (rank.buffer.grown for rank in ranks)
+    assert a == b and a, "every rank grew, to the same sizes"
+    assert 10_000 < a[-1] <= 20 * 2**20 // 1000, f"room for ~10 s of arrivals, within 20 MiB: {a}"
+    assert "experience buffer grown to" in caplog.text
+    cfg_fixed = config("run.minutes=0.5", "optimizer.batch_samples=256", "optimizer.max_batch_samples=256",
+                       "optimizer.buffer_samples=4096", "optimizer.publish_interval_s=1.0",
+                       "optimizer.pace_rollouts=false")
+    ranks = [make_rank(r, 2, cfg_fixed, store, backlog=300, sample_bytes=1000) for r in range(2)]
+    in_step(ranks, writer_runs)
+    assert not ranks[0].buffer.grown, "without the pace the buffer keeps its size"
 
 
 def test_the_agreement_carries_rank_0s_values_whether_the_collective_sums_or_averages():

@@ -65,6 +65,11 @@ class Shape:
         """Array name → (dtype, shape after the leading [S]) for every experience array."""
         return _fields(self.bptt, self.obs_dim, self.mask_dim, self.heads, self.lstm)
 
+    @property
+    def sample_bytes(self) -> int:
+        """Bytes of one sample's arrays (what a buffer slot holds)."""
+        return sum(np.dtype(dtype).itemsize * math.prod(dims) for dtype, dims in self.fields().values())
+
 
 def _fields(T: int, obs_dim: int, mask_dim: int, heads: int, lstm: int) -> dict[str, tuple[str, tuple]]:
     return {

@@ -28,6 +28,11 @@ The design (GA3C's run-time scheduling with Rapid's targets):
   ``PACE_DOWN`` at most every ``pace_every_s`` (as long as a change takes to show in what arrives), down to
   ``PACE_MIN``; once less than a batch waits, × ``PACE_UP`` back towards 1. What is produced is then trained rather
   than dropped stale or evicted unused.
+- **Room.** A cut takes ``pace_every_s`` to show, and until it does the samples keep coming at the old pace: a
+  buffer sized by hand (4,096 samples hold 0.3 s of what 14 workers of a GPU box send) overflows before any cut
+  lands, and what it drops is wasted. So the buffer grows to hold what arrives over two looks of the pace
+  (:func:`buffer_wanted`), up to ``max_buffer`` (the memory allowed) and never beyond what arrives while samples
+  stay fresh. It never shrinks: a paced run's arrivals fall, and the room for the next burst should stay.
 - **Saying so.** Arrival and consumption rates are measured over a sliding window. When samples go unused
   at the largest batch allowed and what arrives (at the target reuse) is clearly more than the optimizer can
   consume (``OVERLOAD_MARGIN``), measured over a whole window, the optimizer logs (at most once a minute) what
@@ -87,6 +92,26 @@ PACE_WASTE = 0.01
 PACE_MIN = 0.05
 PACE_HIGH = 4
 """Batches of unused samples (at most half the buffer) past which the rollouts are slowed."""
+ROOM_LOOKS = 2
+"""The buffer holds what arrives over this many looks of the pace: a cut decided at one shows by the next."""
+ROOM_STEP = 1024
+"""The buffer grows in whole steps of this many samples (few reallocations)."""
+
+
+def buffer_wanted(arrival_per_s: float, pace_every_s: float, fresh_s: float = math.inf) -> int:
+    """Samples the buffer should hold for ``arrival_per_s`` arriving: what comes over ``ROOM_LOOKS`` looks of the
+    pace, but no more than comes while a sample stays fresh (``fresh_s``: beyond it the buffer would hold stale
+    samples only), rounded up to ``ROOM_STEP``.
+
+    >>> buffer_wanted(13_000, pace_every_s=5.0)        # the H200 box's 14 workers: 130,000 samples (2.3 GB of moba)
+    130048
+    >>> buffer_wanted(300, pace_every_s=5.0)           # connect four on a laptop: the 4,096 it ships with do
+    3072
+    >>> buffer_wanted(13_000, pace_every_s=60.0, fresh_s=34.0)   # uploads a minute apart: fresh ones only
+    442368
+    """
+    want = arrival_per_s * min(ROOM_LOOKS * pace_every_s, fresh_s)
+    return max(ROOM_STEP, math.ceil(want / ROOM_STEP) * ROOM_STEP)
 
 
 def next_pace(pace: float, backlog: float, batch: int, buffer: int, waste_share: float, falling: bool = False,
@@ -195,6 +220,12 @@ class BalanceSettings:
     pace_every_s: float = PACE_EVERY_S
     """Least seconds between two changes of the pace: about the time one takes to show in what arrives (the next
     version, the workers' poll, their next upload), so that the pace does not swing."""
+    max_buffer: int = 0
+    """The most samples the buffer may grow to from ``buffer`` (:func:`buffer_wanted`; 0 or ≤ buffer: it keeps its
+    size)."""
+    fresh_s: float = math.inf
+    """Seconds a sample stays fresh (max_staleness + 1 publish intervals): room beyond what arrives meanwhile would
+    hold stale samples only."""
 
 
 @dataclass
@@ -210,6 +241,8 @@ class Decision:
     message: str | None = None
     pace: float = 1.0
     """The share of their time rollout workers should play (1: full speed)."""
+    buffer: int = 0
+    """The samples each rank's buffer should hold, once more than it started with (0: as it started)."""
 
 
 class Balancer:
@@ -238,6 +271,7 @@ class Balancer:
         self._pace_mark = (now, 0, True)
         self._pace_held = True
         self._pace_backlog = 0.0
+        self.buffer = settings.buffer
 
     def _push(self, points: deque, now: float, value: float) -> None:
         points.append((now, value))
@@ -284,7 +318,7 @@ class Balancer:
         since, got, held = self._pace_mark
         arrival = (received - got) / (now - since) if now > since else 0.0
         trainable = capacity / (arrival * self.s.target_reuse) if held and arrival > 0 and capacity > 0 else None
-        pace = next_pace(self.pace, backlog, self.batch, self.s.buffer, waste_share,
+        pace = next_pace(self.pace, backlog, self.batch, self.buffer, waste_share,
                          falling=backlog < self._pace_backlog, trainable=trainable)
         self._pace_mark = (now, received, self._pace_held and pace == self.pace)
         self._pace_held = pace == self.pace
@@ -307,6 +341,9 @@ class Balancer:
         if now - self._last_adjust >= ADJUST_EVERY_S:
             self._adjust(backlog, 1.0 - busy_share)
             self._last_adjust = now
+            if self.s.max_buffer > self.buffer and arrival > 0:  # room before the first cut, not a look later
+                want = buffer_wanted(arrival, self.s.pace_every_s, self.s.fresh_s)
+                self.buffer = max(self.buffer, min(self.s.max_buffer, want))
         if self.s.buffer and now - self._last_pace >= self.s.pace_every_s:  # a start-up flood is the first to slow
             self._pace_step(now, received, backlog, capacity, waste_share)
         measured = now - self._started >= self.s.window_s  # a start-up burst alone is no rate
@@ -316,4 +353,5 @@ class Balancer:
         if line and now - self._last_warn >= WARN_EVERY_S:
             message, self._last_warn = line, now
         return Decision(self.batch, self.s.publish_interval_s, arrival, consumed_rate, capacity, waste_share,
-                        line is not None, self.s.target_reuse, message, self.pace)
+                        line is not None, self.s.target_reuse, message, self.pace,
+                        self.buffer if self.buffer > self.s.buffer else 0)

@@ -85,7 +85,8 @@ def decision_values(d: Decision) -> dict[str, float]:
 
 def decision_of(values: dict[str, float]) -> Decision:
     fields: dict[str, Any] = {k: v for k, v in values.items() if k in Decision.__dataclass_fields__}
-    return Decision(**{**fields, "batch": round(values["batch"]), "overloaded": values["overloaded"] > 0.5})
+    return Decision(**{**fields, "batch": round(values["batch"]), "overloaded": values["overloaded"] > 0.5,
+                       "buffer": round(values.get("buffer", 0.0))})
 
 
 def balance_inputs(b: BufferStats) -> dict[str, float]:

@@ -133,7 +133,8 @@ def run_optimizer(cfg: Config, resume: Resume = False, rank: Identity = ALONE, c
                   checkpoint=lambda v: _snapshot(learner, v), store=store)
     timing = Timing(round_s=wait_round_s(ctx.timeout_s if ctx is not None else math.inf))
     loop = OptimizerLoop(cfg, parts, timing, stop, log, lead, grouped=ctx is not None, version=version,
-                         rng=np.random.default_rng(cfg.run.seed + 7919 * rank.rank), gpu=device.type == "cuda")
+                         rng=np.random.default_rng(cfg.run.seed + 7919 * rank.rank), gpu=device.type == "cuda",
+                         sample_bytes=shape.sample_bytes)
     loader.start()
     lost: StoreError | None = None  # the store failed as the run stopped: what was still queued is not stored
     try:

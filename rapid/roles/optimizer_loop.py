@@ -60,14 +60,17 @@ class Timing:
 
 class OptimizerLoop:
     def __init__(self, cfg: Config, parts: Parts, timing: Timing, stop, log, lead: bool, grouped: bool,
-                 version: int, rng, clock=time, gpu: bool = False):
-        """``gpu``: the learner trains on a GPU (its batch may grow larger: :func:`balance_settings`)."""
+                 version: int, rng, clock=time, gpu: bool = False, sample_bytes: int = 0):
+        """``gpu``: the learner trains on a GPU (its batch may grow larger: :func:`balance_settings`);
+        ``sample_bytes``: one sample's arrays (the buffer may grow to optimizer.max_buffer_mb of them; 0: it keeps
+        its size)."""
         self.cfg, self.p, self.timing, self.stop, self.log, self.lead = cfg, parts, timing, stop, log, lead
         self.clock, self.rng = clock, rng
         self.version = version
         """The newest version published (the loader reads it: experience from a later one is refused)."""
         self.agree = Agreement(grouped, lead)
-        self.settings = balance_settings(cfg, gpu)
+        self.settings = balance_settings(cfg, gpu, sample_bytes)
+        self.sample_bytes = sample_bytes
         self.balancer = Balancer(self.settings, clock.monotonic()) if lead else None
         """Rank 0's only: its decision, carried by the agreement, is every rank's."""
         self.decision = Decision(self.settings.batch, self.settings.publish_interval_s, 0.0, 0.0, 0.0, 0.0, False,
@@ -133,6 +136,7 @@ class OptimizerLoop:
             # Every rank drew this batch at self.batch; from the next draw on, all take rank 0's newest decision.
             carried = decision_of(verdict.lead_values)
             self.batch = carried.batch
+            self._grow_buffer(carried)
             if not self.lead:
                 self.decision = carried
             # 2. update: one bad batch is skipped, never the end of the job
@@ -171,6 +175,14 @@ class OptimizerLoop:
             if self.balancer is not None:  # rank 0's
                 self.decision = self.balancer.step(self.clock.monotonic(), **verdict.mean_values, busy_s=busy_s)
             p.report.update(p.learner.updates, self.version, stats, staleness, self.decision, wait_s)
+
+    def _grow_buffer(self, decision: Decision) -> None:
+        """Every rank's buffer to the room rank 0's balancer asked for (it holds what arrives while a pace takes to
+        show: :func:`rapid.optimizer.balance.buffer_wanted`)."""
+        if decision.buffer and self.p.buffer.grow(decision.buffer) and self.lead:
+            self.log.info("experience buffer grown to %s samples per rank (%.0f MiB): what arrives at %s samples/s "
+                          "while a change of pace takes to show", f"{decision.buffer:,}",
+                          decision.buffer * self.sample_bytes / 2**20, f"{decision.arrival_per_s:,.0f}")
 
     def _check_limits(self) -> None:
         """Ask to stop (the agreement then makes every rank leave) when the loader died or the run's budget is

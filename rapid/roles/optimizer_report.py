@@ -195,7 +195,7 @@ class OptimizerReport:
         m.samples_dropped_stale(self._delta("dropped_stale", b.dropped_stale))
         m.samples_evicted_unused(self._delta("evicted_unused", b.evicted_unused))
         m.sample_reuse(b.reuse)
-        m.buffer_size(b.size)
+        m.buffer_size(b.size, b.capacity)
         m.loader(self.loader.failure is None, self._delta("loader_errors", ls.errors))
         self._staleness += np.bincount(np.clip(staleness, 0, STALENESS_BINS - 1).astype(np.int64),
                                        minlength=STALENESS_BINS)
@@ -223,6 +223,7 @@ class OptimizerReport:
             "sample_reuse": b.reuse, "samples_received": b.received, "samples_consumed": b.consumed,
             "samples_used": b.used, "samples_dropped_stale": b.dropped_stale,
             "samples_evicted_unused": b.evicted_unused, "buffer_size": b.size, "buffer_unused": b.unused,
+            "buffer_capacity": b.capacity,
             "env_steps": ls.env_steps, "bad_objects": ls.bad_objects, "loader_errors": ls.errors,
             "skipped_updates": self.skipped(), "failed_updates": self.failures, "elapsed_s": elapsed,
             "samples_per_s": ls.samples / max(elapsed, 1e-6),

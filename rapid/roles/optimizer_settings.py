@@ -43,15 +43,18 @@ def version_meta(cfg: Config, updates: int, elapsed_s: float) -> dict:
             "warmup": cfg.ppo.in_warmup(updates)}
 
 
-def balance_settings(cfg: Config, gpu: bool = False) -> BalanceSettings:
+def balance_settings(cfg: Config, gpu: bool = False, sample_bytes: int = 0) -> BalanceSettings:
     """The balancer's bounds. On a GPU learner the batch may grow to half the buffer (a GPU amortizes its
     per-update launch cost over thousands of samples; growth trials still keep a size only if it pays), on a
-    CPU to 4 × batch_samples, as optimizer.max_batch_samples = 0 says.
+    CPU to 4 × batch_samples, as optimizer.max_batch_samples = 0 says. With the rollouts paced, the buffer may
+    grow to optimizer.max_buffer_mb of samples of ``sample_bytes`` (0: unknown, it keeps its size).
 
     >>> from rapid.run.config import OptimizerConfig
     >>> cfg = Config(optimizer=OptimizerConfig(batch_samples=128, buffer_samples=8192))
     >>> balance_settings(cfg).max_batch, balance_settings(cfg, gpu=True).max_batch
     (512, 4096)
+    >>> balance_settings(cfg, sample_bytes=17_392).max_buffer     # moba 5v5's samples in 2 GiB
+    123475
     """
     o = cfg.optimizer
     multiple = o.microbatch_samples or 1
@@ -64,6 +67,8 @@ def balance_settings(cfg: Config, gpu: bool = False) -> BalanceSettings:
     r = cfg.rollout
     # A pace set now shows in what arrives after the next publish, the workers' poll and their next upload.
     shows_after_s = interval + r.param_poll_s + max(r.upload_interval_s, r.warmup_upload_interval_s)
+    most = int(o.max_buffer_mb * 2**20 // sample_bytes) if sample_bytes and o.pace_rollouts else 0
     return BalanceSettings(o.batch_samples, hi, o.target_reuse, interval, multiple,
                            buffer=o.buffer_samples if o.pace_rollouts else 0,
-                           pace_every_s=max(PACE_EVERY_S, shows_after_s))
+                           pace_every_s=max(PACE_EVERY_S, shows_after_s), max_buffer=most,
+                           fresh_s=(o.max_staleness + 1) * interval)

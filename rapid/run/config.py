@@ -134,7 +134,11 @@ class OptimizerConfig:
     microbatch_samples: int = 0
     """Gradient accumulation chunk (0: the whole batch at once)."""
     buffer_samples: int = 4096
-    """Experience buffer capacity per rank; the oldest samples leave first."""
+    """Experience buffer capacity per rank at the start; the oldest samples leave first. With pace_rollouts it grows
+    to hold what arrives while a change of the rollouts' pace takes to show, up to max_buffer_mb."""
+    max_buffer_mb: float = 2048.0
+    """With pace_rollouts: the most memory (MiB) a rank's buffer may grow to (≤ the size of buffer_samples: it
+    keeps that size)."""
     max_staleness: int = 8
     """Samples more than this many versions behind are dropped."""
     max_reuse: float = 2.0

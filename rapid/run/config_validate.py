@@ -67,6 +67,7 @@ def validate(cfg: Config) -> list[str]:
                  f"optimizer.microbatch_samples ({o.microbatch_samples})")
     if o.buffer_samples < o.batch_samples:
         e.append(f"optimizer.buffer_samples ({o.buffer_samples}) must be ≥ batch_samples ({o.batch_samples})")
+    _positive(e, "optimizer.max_buffer_mb", o.max_buffer_mb, allow_zero=True)
     _positive(e, "optimizer.max_staleness", o.max_staleness, allow_zero=True)
     _positive(e, "optimizer.max_reuse", o.max_reuse)
     _positive(e, "optimizer.publish_every", o.publish_every)

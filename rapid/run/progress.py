@@ -279,6 +279,9 @@ def balance_lines(last: dict) -> list[str]:
     if last.get("balance_pace", 1.0) < 1.0:
         lines.append(f"  rollout pace       : {last['balance_pace']:.0%} of full speed at the end (the optimizer "
                      "slowed the rollout workers to what it can train: optimizer.pace_rollouts)")
+    if last.get("balance_buffer"):
+        lines.append(f"  experience buffer  : grown to {last['balance_buffer']:,.0f} samples per rank (what arrives "
+                     "while a change of pace takes to show: optimizer.max_buffer_mb)")
     if "staleness_p50" in last:
         p50, p99 = last['staleness_p50'], last['staleness_p99']
         lines.append(f"  staleness          : p50 {p50:.0f}, p99 {p99:.0f} versions")
