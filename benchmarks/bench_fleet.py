@@ -17,7 +17,8 @@ the pool's JSON is charged to the process that spends it (``fleet/costs.py`` mea
 
 The store is an in-memory model of S3 (``--store model``: pages of 1,000 keys, PUTs visible when they
 complete, latency with a tail, 500s and resets, SlowDown per partition; ``fleet/store.py``) or a real
-S3-compatible server on loopback (moto_server, ``--store moto``). Objects are small in memory and scaled to
+S3-compatible server on loopback (moto_server, ``--store moto``; ``fleet/metered_s3.py``); both counted by
+``fleet/meter.py``. Objects are small in memory and scaled to
 ``--object-mb`` (experience) and ``--params-mb`` (params, snapshots, checkpoints) for latency and bytes.
 
 Prints, per key family: requests/s by type, MB/s, live objects at half time and at the end, S3 request cost
@@ -48,13 +49,14 @@ sys.path.append(str(Path(__file__).resolve().parent.parent))  # tests.s3_server 
 from fleet import clock as sim_clock  # noqa: E402
 from fleet.calibrate import calibrate  # noqa: E402
 from fleet.faults import NAMES, Faults, UsageError  # noqa: E402
+from fleet.meter import FAMILIES, OPS, Meter  # noqa: E402
+from fleet.metered_s3 import MeteredS3  # noqa: E402
 from fleet.readback import readback  # noqa: E402
 from fleet.report import BOUNDS, bound_of, failures, figures, print_report  # noqa: E402
 from fleet.sched import OutOfTime  # noqa: E402
 from fleet.settings import Settings, sample_arrays  # noqa: E402
 from fleet.sim import Fleet  # noqa: E402
 from fleet.standins import PARAM_TENSORS  # noqa: E402
-from fleet.store import FAMILIES, OPS, Meter, MeteredS3  # noqa: E402
 from fleet.store_args import add_store_args, store_settings  # noqa: E402
 
 import rapid  # noqa: E402

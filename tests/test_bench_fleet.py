@@ -140,7 +140,8 @@ def test_the_model_drives_rapids_own_loops_and_touches_no_private():
 
 def test_list_pages_and_start_after_like_s3():
     from fleet import clock as sim_clock
-    from fleet.store import Latency, Meter, ModelStore
+    from fleet.meter import Latency, Meter
+    from fleet.store import ModelStore
 
     clock = sim_clock.SimClock()
     latency = Latency({"PUT": 0.02, "GET": 0.02, "HEAD": 0.01, "DELETE": 0.01, "LIST": 0.1}, 100e6, {})

@@ -18,8 +18,9 @@ sys.path.append(str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 from fleet.calibrate import fit, measure  # noqa: E402
 from fleet.clock import SimClock  # noqa: E402
+from fleet.meter import OPS, Latency, Meter  # noqa: E402
 from fleet.s3rules import Retry  # noqa: E402
-from fleet.store import OPS, Latency, Meter, ModelStore  # noqa: E402
+from fleet.store import ModelStore  # noqa: E402
 from fleet.store_args import add_store_args, store_settings  # noqa: E402
 
 from rapid.infra.store import KeyNotFound, StoreError  # noqa: E402

@@ -33,8 +33,10 @@ import numpy as np
 from rapid.infra.store import Store, StoreError
 
 from .clock import SimClock
+from .meter import FAMILIES, OPS, Latency, Meter
+from .metered_s3 import MeteredS3
 from .s3rules import THROTTLE
-from .store import FAMILIES, OPS, Latency, Meter, MeteredS3, ModelStore
+from .store import ModelStore
 
 BURST, BURST_LIMIT, BURSTS = 100, 25, 3
 """PUTs in a SlowDown burst, the writes/s past which they are refused, and bursts (the waits are random)."""

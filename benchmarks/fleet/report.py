@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from .store import FAMILIES, OPS, PRICE_PER_1000
+from .meter import FAMILIES, OPS, PRICE_PER_1000
 
 
 def pct(values, q: float) -> float:

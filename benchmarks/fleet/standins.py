@@ -20,7 +20,7 @@ from rapid.infra.store import Store, StoreError
 from rapid.rollout.worker import Segment
 
 from .drive import Links
-from .store import family
+from .meter import family
 
 
 def weights_of(updates: int) -> dict[str, np.ndarray]:

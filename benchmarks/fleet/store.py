@@ -1,27 +1,17 @@
-"""Request-counting stores for the scale model.
-
-:class:`ModelStore` is an in-memory :class:`rapid.infra.store.Store` that behaves like S3 where the data
+"""The scale model's in-memory store: a :class:`rapid.infra.store.Store` that behaves like S3 where the data
 plane can tell (the rules are in ``s3rules.py``):
 
 - LIST answers 1,000 keys a page (each page one request, ``start_after`` honoured);
 - a PUT or DELETE takes effect when it completes: until then readers see the object as it was (an
   overwritten key serves its old bytes; a new key is absent);
-- latency is drawn per request: lognormal around the op's mean with a tail (:class:`Latency`), plus the
-  object's modelled bytes over a per-stream bandwidth, plus the keys of a LIST page;
+- latency is drawn per request (``meter.py`` :class:`Latency`);
 - 503 SlowDown past a partition's rate (each prefix starts as one partition of 3,500 writes/s and 5,500
   reads/s and splits under sustained load), 500 InternalError and connection resets at set rates, all
   retried as botocore's standard mode does; ``StoreError`` only once the retries are spent;
 - faults on call: :meth:`ModelStore.hang_gets` and :meth:`ModelStore.fail_puts`.
 
-Every request charges its latency to the simulated clock of the actor that made it; draws come from seeds.
-
-:class:`MeteredS3` wraps a real ``S3Store`` (moto_server on loopback): requests counted from botocore's own
-events, each call charging the wall-clock time it took (moto's pace, no modelled latency) plus the transfer
-time the objects' size scaling adds.
-
-Both feed a :class:`Meter`: requests and bytes per key family and type, split at half time (growth), error
-answers and errors raised, the time requests took, the GETs of the hottest key, and a ledger of experience
-objects (when each became visible, which actors loaded it) for discovery delay and "never loaded".
+Every request charges its latency to the simulated clock of the actor that made it; draws come from seeds;
+every request is counted by the :class:`Meter` it is given.
 """
 
 from __future__ import annotations
@@ -31,8 +21,6 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from rapid.infra.store import (
     DEFAULT_MAX_BYTES,
@@ -44,128 +32,10 @@ from rapid.infra.store import (
     validate_prefix,
 )
 
-from .clock import SimClock
+from .meter import WRITES, Meter, family
 from .s3rules import READ_LIMIT, THROTTLE, WRITE_LIMIT, Objects, Partitions, Retry
 
-FAMILIES = ("experience", "params", "params/LATEST", "league/results", "league/pool", "league/snapshots",
-            "checkpoints", "loader", "other")
-OPS = ("PUT", "GET", "LIST", "DELETE", "HEAD")
-WRITES = {"PUT", "DELETE"}
-PRICE_PER_1000 = {"PUT": 0.005, "LIST": 0.005, "GET": 0.0004, "HEAD": 0.0004, "DELETE": 0.0}
-"""S3 Standard list prices (us-east-1): PUT/COPY/POST/LIST $0.005 per 1,000, GET and others $0.0004, DELETE free."""
 PAGE = 1000
-
-
-def family(key: str) -> str:
-    if key.startswith("experience"):
-        return "experience"
-    if key == "params/LATEST":
-        return "params/LATEST"
-    for prefix in ("params", "league/results", "league/snapshots", "checkpoints", "loader"):  # loader/: marks
-        if key.startswith(prefix):
-            return prefix
-    if key.startswith("league/pool"):
-        return "league/pool"
-    return "other"
-
-
-@dataclass
-class Latency:
-    """Seconds a request takes: a draw for its op plus its bytes over ``bandwidth`` (bytes/s of one stream)
-    plus, for a LIST page, ``per_key`` seconds a key it returns.
-
-    The draw is lognormal with mean ``base[op]`` and shape ``sigma[op]`` (p99 = e^(2.33 σ) × the median:
-    σ = 1 gives 10×; no σ: always the mean). Bytes are the object's modelled size: ``len(data) *
-    size_scale[family]`` (objects are made small so thousands of workers fit in memory; the latency and the
-    byte rates are those of the real size)."""
-
-    base: dict
-    bandwidth: float
-    size_scale: dict
-    sigma: dict = field(default_factory=dict)
-    per_key: float = 0.0
-    seed: int = 0
-
-    def __post_init__(self):
-        self._rng = random.Random(self.seed)
-
-    def bytes(self, key: str, n: int) -> float:
-        return n * self.size_scale.get(family(key), 1.0)
-
-    def draw(self, op: str) -> float:
-        mean, sigma = self.base[op], self.sigma.get(op, 0.0)
-        if not sigma or mean <= 0:
-            return mean
-        return self._rng.lognormvariate(math.log(mean) - sigma * sigma / 2, sigma)
-
-    def of(self, op: str, key: str = "", n: int = 0) -> float:
-        return self.draw(op) + self.bytes(key, n) / self.bandwidth
-
-
-class Meter:
-    def __init__(self, clock: SimClock, latency: Latency, half_at: float, end_at: float):
-        self.clock, self.latency, self.half_at, self.end_at = clock, latency, half_at, end_at
-        # (family, op, half) → requests (every attempt: S3 bills them)
-        self.requests: collections.Counter[tuple[str, str, int]] = collections.Counter()
-        # (family, op, half) → modelled bytes
-        self.bytes: collections.defaultdict[tuple[str, str, int], float] = collections.defaultdict(float)
-        # (family, op) → seconds the successful requests took
-        self.took: collections.defaultdict[tuple[str, str], float] = collections.defaultdict(float)
-        self.done: collections.Counter[tuple[str, str]] = collections.Counter()  # (family, op) → successful requests
-        self.throttled: collections.Counter[str] = collections.Counter()  # family → SlowDown answers
-        # family → SlowDown raised to the caller after every retry
-        self.failed: collections.Counter[str] = collections.Counter()
-        # (family, code) → error answers: SlowDown, InternalError, reset
-        self.errors: collections.Counter[tuple[str, str]] = collections.Counter()
-        # (family, code) → StoreError raised, by the last answer's code
-        self.raised: collections.Counter[tuple[str, str | None]] = collections.Counter()
-        self.gets_by_key: collections.Counter[str] = collections.Counter()
-        self.worker_requests: collections.Counter[str] = collections.Counter()  # op → requests of rollout workers
-        self.visible_at: dict[str, float] = {}  # experience key → when its PUT completed
-        self.loads: dict[str, list] = collections.defaultdict(list)  # experience key → [(actor, time)]
-        self.store_cpu = 0.0  # CPU seconds spent inside the stores (the model's own cost, not rapid's)
-        self.slow_put: dict[object, float] = {}  # actor → extra seconds on each experience PUT (a slow link)
-        self.muted = False  # the model reading the pool for its own figures: not a request of the fleet
-        self.client = ""  # the store client whose CPU is worth reporting beside rapid's ("botocore" on moto)
-        # Ledger.stored (fleet/ledger.py): what every completed PUT stored, read back for the figures
-        self.on_stored: Callable[[str, bytes, float], None] | None = None
-
-    def extra(self, op: str, key: str) -> float:
-        if op == "PUT" and key.startswith("experience/"):
-            return self.slow_put.get(self.clock.actor, 0.0)
-        return 0.0
-
-    def half(self) -> int:
-        return int(self.clock.t() >= self.half_at)
-
-    def counting(self) -> bool:
-        return not self.muted and self.clock.t() < self.end_at  # the drain after the run is not in the rates
-
-    def count(self, op: str, key: str, nbytes: int = 0, pages: int = 1) -> None:
-        if not self.counting():
-            return
-        fam, h = family(key), self.half()
-        self.requests[fam, op, h] += pages
-        if str(getattr(self.clock.actor, "process", "")).startswith("w"):  # a rollout worker's process
-            self.worker_requests[op] += pages
-        self.bytes[fam, op, h] += self.latency.bytes(key, nbytes)
-        if op == "GET":
-            self.gets_by_key[key] += 1
-
-    def took_s(self, op: str, key: str, seconds: float) -> None:
-        if self.counting():
-            self.took[family(key), op] += seconds
-            self.done[family(key), op] += 1
-
-    def put_done(self, key: str, data: bytes) -> None:
-        if key.startswith("experience/") and key.endswith(".rxp"):
-            self.visible_at[key] = self.clock.t()
-        if self.on_stored is not None:
-            self.on_stored(key, data, self.clock.t())
-
-    def got(self, key: str) -> None:
-        if key in self.visible_at:
-            self.loads[key].append((self.clock.actor, self.clock.t()))
 
 
 class ModelStore(Store):
@@ -337,113 +207,4 @@ class ModelStore(Store):
                 entry = out[family(key)]
                 entry[0] += 1
                 entry[1] += self.meter.latency.bytes(key, len(data))
-        return {k: (v[0], v[1]) for k, v in out.items()}
-
-
-_S3_OPS = {"PutObject": "PUT", "GetObject": "GET", "ListObjectsV2": "LIST", "DeleteObject": "DELETE",
-           "HeadObject": "HEAD"}
-
-
-class MeteredS3(Store):
-    """A real S3Store, its requests counted from botocore's events (one per API call: each LIST page, each
-    HEAD), bytes and the experience ledger kept. Each call charges the simulated clock the wall-clock time
-    it took (moto's pace and botocore's, as the caller waits for them) plus the transfer time the size
-    scaling adds to the real bytes; the model's latency is never charged here."""
-
-    def __init__(self, inner, meter: Meter):
-        self.inner, self.meter, self.url = inner, meter, inner.url
-        meter.client = "botocore"
-        self.root = f"{inner.prefix}/" if inner.prefix else ""
-        self._started: tuple[str, str, float] | None = None
-        # S3Store keeps its client private; a benchmark may look inside to count what goes on the wire.
-        events = inner.client.meta.events
-        events.register("provide-client-params.s3", self._on_call)
-        events.register("after-call.s3", self._on_done)
-
-    def _on_call(self, params, model, **_):
-        op = _S3_OPS.get(model.name)
-        if op is None or self.meter.muted:
-            return
-        key = str(params.get("Key", params.get("Prefix", "")))[len(self.root):] or "other"
-        self.meter.count(op, key)
-        self.meter.clock.charge(self.meter.extra(op, key))
-        self._started = (op, key, time.perf_counter())
-
-    def _on_done(self, **_):
-        if self._started is not None:
-            op, key, t0 = self._started
-            self.meter.took_s(op, key, time.perf_counter() - t0)
-            self._started = None
-
-    def _bytes(self, key: str, n: int) -> None:
-        self.meter.bytes[family(key), "GET" if n < 0 else "PUT", self.meter.half()] += \
-            self.meter.latency.bytes(key, abs(n))
-        self.meter.clock.charge((self.meter.latency.bytes(key, abs(n)) - abs(n)) / self.meter.latency.bandwidth)
-
-    def _timed(self, fn, *args):
-        """Run the S3 call: its wall time charged to the simulated clock, its CPU (botocore's) kept apart
-        from rapid's."""
-        t0, wall0 = time.thread_time(), time.perf_counter()
-        try:
-            return fn(*args)
-        finally:
-            self.meter.store_cpu += time.thread_time() - t0
-            self.meter.clock.charge(time.perf_counter() - wall0)
-
-    def put(self, key, data):
-        self._timed(self.inner.put, key, data)
-        self._bytes(key, len(data))
-        self.meter.put_done(key, data)
-
-    def put_if_absent(self, key, data):
-        done = self._timed(self.inner.put_if_absent, key, data)
-        if done:
-            self._bytes(key, len(data))
-            self.meter.put_done(key, data)
-        return done
-
-    def get(self, key, max_bytes=DEFAULT_MAX_BYTES):
-        data = self._timed(self.inner.get, key, max_bytes)
-        self._bytes(key, -len(data))
-        self.meter.got(key)
-        return data
-
-    def list(self, prefix="", start_after=None):
-        return self._timed(self.inner.list, prefix, start_after)
-
-    def delete(self, key):
-        self._timed(self.inner.delete, key)
-
-    def exists(self, key):
-        return self._timed(self.inner.exists, key)
-
-    def peek(self, key: str) -> bytes | None:
-        self.meter.muted = True
-        try:
-            return self.inner.get(key)
-        except KeyNotFound:
-            return None
-        finally:
-            self.meter.muted = False
-
-    def keys_now(self, prefix: str) -> tuple[str, ...]:
-        self.meter.muted = True
-        try:
-            return tuple(self.inner.list(prefix))
-        finally:
-            self.meter.muted = False
-
-    def live(self) -> dict[str, tuple[int, float]]:
-        out: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
-        self.meter.muted = True
-        try:
-            pages = self.inner.client.get_paginator("list_objects_v2").paginate(Bucket=self.inner.bucket,
-                                                                                  Prefix=self.root)
-            for page in pages:
-                for obj in page.get("Contents", ()):
-                    key = obj["Key"][len(self.root):]
-                    out[family(key)][0] += 1
-                    out[family(key)][1] += self.meter.latency.bytes(key, obj["Size"])
-        finally:
-            self.meter.muted = False
         return {k: (v[0], v[1]) for k, v in out.items()}

@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from .meter import OPS, Latency, Meter
 from .s3rules import READ_LIMIT, WRITE_LIMIT
-from .store import OPS, Latency, Meter, ModelStore
+from .store import ModelStore
 
 DEFAULT_SIGMA = 1.0
 """Lognormal shape of every op's latency: p99 = 10.2 × the median (e^(2.326 σ)), the tail the issue asks of
