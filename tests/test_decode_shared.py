@@ -13,7 +13,7 @@ import numpy as np
 from rapid.formats.experience import encode_experience
 from rapid.infra.store import LocalStore, ObservedStore
 from rapid.opt.buffer import ExperienceBuffer
-from rapid.optimizer import shared_arrays
+from rapid.optimizer import decode_pool, shared_arrays
 from rapid.optimizer.decode_pool import Decoded, DecodePool, Rejected, Unread
 from rapid.optimizer.loader import ExperienceLoader
 from tests.test_loader import SHAPE, put, wait_for
@@ -171,6 +171,37 @@ def test_an_object_shared_memory_cannot_hold_takes_the_pipe():
         shared_arrays.remove_folder(pool._folder)  # as if tmpfs refused every write
         got = pool.result(pool.submit(data))
         assert isinstance(got, Decoded) and got.num_samples == 3 and got.arrays["obs"].flags.writeable
+    finally:
+        pool.close()
+    assert not folders()
+
+
+def test_the_pool_starts_another_process_while_its_processes_stay_busy(tmp_path, monkeypatch):
+    """A clock the test moves: a long quiet while (the process mostly idle) starts nothing; a while the one process
+    spent decoding all along starts a second. Objects in flight on the first executor still come back whole."""
+    monkeypatch.setattr(decode_pool, "GROW_EVERY_S", 1e-7)
+    store = LocalStore(tmp_path)
+    sent = {f"experience/s0000/w-{i}.rxp": put(store, f"w/{i}", samples=3, seq=i) for i in range(6)}
+    keys = list(sent)
+    now = [0.0]
+    pool = DecodePool(SHAPE, workers=1, store=store, most=2, clock=lambda: now[0])
+    inline = DecodePool(SHAPE, workers=0)
+    try:
+        now[0] = 1000.0
+        assert isinstance(pool.result(pool.submit_key(keys[0])), Decoded) and pool.workers == 1, "idle: no growth"
+        now[0] += 1e-6
+        futures = [pool.submit_key(k) for k in keys[1:4]]
+        got = [pool.result(f) for f in futures]
+        assert pool.workers == 2, "busy all the while: a second process"
+        got += [pool.result(pool.submit_key(k)) for k in keys[4:]]   # on the new executor
+        for key, out in zip(keys[1:], got):
+            want = inline.result(inline.submit(sent[key]))
+            assert isinstance(out, Decoded) and isinstance(want, Decoded)
+            assert all(np.array_equal(out.arrays[n], want.arrays[n]) for n in want.arrays)
+            assert out.busy_s > 0
+        now[0] += 1e-6
+        pool.result(pool.submit_key(keys[0]))
+        assert pool.workers == 2, "never beyond most"
     finally:
         pool.close()
     assert not folders()

@@ -62,6 +62,8 @@ class Decoded:
     """The object's size in the store."""
     seconds: float = 0.0
     """How long reading it from the store took."""
+    busy_s: float = 0.0
+    """How long a decode worker spent on it, reading, decoding and placing it (0 decoded inline)."""
 
     @property
     def num_samples(self) -> int:
@@ -89,6 +91,7 @@ class _Placed:
     max_version: int
     nbytes: int
     seconds: float
+    busy_s: float
 
 
 def auto_workers(cpus: int | None = None) -> int:
@@ -96,6 +99,34 @@ def auto_workers(cpus: int | None = None) -> int:
     usable cores on a large one (a GPU host's cores mostly decode), at most eight."""
     cpus = cpus or usable_cpus()
     return max(1, min(8, cpus // 8))
+
+
+def auto_most(cpus: int | None = None) -> int:
+    """The most decode processes ``optimizer.decode_workers = -1`` grows to while those there stay busy: one per
+    four usable cores, at most eight, never fewer than it starts with.
+
+    >>> auto_workers(16), auto_most(16), auto_most(2)
+    (2, 4, 1)
+    """
+    cpus = cpus or usable_cpus()
+    return max(auto_workers(cpus), min(8, cpus // 4))
+
+
+GROW_EVERY_S = 10.0
+"""Seconds of decoding over which the pool judges whether it needs another process."""
+GROW_BUSY = 0.8
+"""The decode processes' busy share past which another one starts: the arrivals outrun them."""
+
+
+def decoders_wanted(workers: int, busy_share: float, most: int) -> int:
+    """Decode processes for the next while: one more while those there were busy more than ``GROW_BUSY`` of the
+    time (objects wait for them, grow stale meanwhile, and the rollouts are slowed to what they decode), up to
+    ``most``; never fewer (a quiet while is no reason to stop a process the next burst needs).
+
+    >>> decoders_wanted(2, busy_share=0.95, most=4), decoders_wanted(2, 0.5, 4), decoders_wanted(4, 0.99, 4)
+    (3, 2, 4)
+    """
+    return min(most, workers + 1) if busy_share > GROW_BUSY else workers
 
 
 def decode_job(data: bytes, shape: Shape, seconds: float = 0.0) -> Decoded | Rejected:
@@ -113,16 +144,22 @@ def decode_job(data: bytes, shape: Shape, seconds: float = 0.0) -> Decoded | Rej
         return Rejected(f"unexpected {type(e).__name__} while decoding: {e}")
 
 
-def _decode_job(data: bytes, shape: Shape, path: str | None, seconds: float = 0.0) -> _Placed | Decoded | Rejected:
+def _decode_job(data: bytes, shape: Shape, path: str | None, seconds: float = 0.0,
+                started: float | None = None) -> _Placed | Decoded | Rejected:
     """In a worker: decode, and leave the arrays in shared memory at ``path`` for the optimizer to map."""
+    started = time.perf_counter() if started is None else started
     result = decode_job(data, shape, seconds)
-    if isinstance(result, Rejected) or path is None:
+    if isinstance(result, Rejected):
         return result
     try:
-        fields = shared_arrays.write(path, result.arrays)
+        fields = shared_arrays.write(path, result.arrays) if path is not None else None
     except OSError:  # shared memory full (a container's 64 MB /dev/shm): this object's arrays take the pipe
+        fields = None
+    result.busy_s = time.perf_counter() - started
+    if fields is None:
         return result
-    return _Placed(fields, result.episodes, result.env_steps, result.max_version, result.nbytes, seconds)
+    return _Placed(fields, result.episodes, result.env_steps, result.max_version, result.nbytes, seconds,
+                   result.busy_s)
 
 
 _stores: dict[str, LocalStore] = {}
@@ -151,7 +188,7 @@ def _read_job(root: str, key: str, shape: Shape, path: str | None) -> _Placed | 
         return Rejected(f"unexpected {type(e).__name__} while reading: {e}")
     if not isinstance(data, bytes):
         return data
-    return _decode_job(data, shape, path, time.perf_counter() - t0)
+    return _decode_job(data, shape, path, time.perf_counter() - t0, started=t0)
 
 
 def _worker_init(owner_pid: int, folder: str | None) -> None:
@@ -203,11 +240,18 @@ class DecodePool:
 
     The arrays of a Decoded from a worker view a shared-memory slot, which no worker writes again until they are
     gone: take what you need (the buffer copies them) and drop them. While every slot is held, objects come
-    back through the pipe instead (slower, never wrong)."""
+    back through the pipe instead (slower, never wrong).
 
-    def __init__(self, shape: Shape, workers: int = 0, store: Store | None = None):
+    ``most``: the pool starts another process (up to this many) while those there are busy more than
+    ``GROW_BUSY`` of the time (:func:`decoders_wanted`); None keeps ``workers``."""
+
+    def __init__(self, shape: Shape, workers: int = 0, store: Store | None = None, most: int | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.shape = shape
         self.workers = workers
+        self.most = max(workers, most or 0) if workers > 0 else 0
+        self.clock = clock
+        self._busy_s, self._busy_since = 0.0, clock()
         self.restarts = 0
         self._pool: ProcessPoolExecutor | None = None
         # The pool each future went to: a broken pool is restarted once, not again for each future it failed.
@@ -292,13 +336,35 @@ class DecodePool:
                 arrays = self._slot(slot).take(out.fields)
             except (OSError, ValueError) as e:  # its folder removed by a close: nothing to take in
                 return Rejected(f"the decoded arrays were lost from shared memory: {e}")
-            out = Decoded(arrays, out.episodes, out.env_steps, out.max_version, out.nbytes, out.seconds)
+            out = Decoded(arrays, out.episodes, out.env_steps, out.max_version, out.nbytes, out.seconds, out.busy_s)
+        if isinstance(out, Decoded):
+            self._busy_s += out.busy_s
+            self._consider_growth()
         if self._observe is not None and future in self._reads:  # the read the store's metrics did not see
             if isinstance(out, Decoded):
                 self._observe("get", out.nbytes, out.seconds, True)
             elif isinstance(out, Unread):
                 self._observe("get", 0, 0.0, out.why is None)
         return out
+
+    def _consider_growth(self) -> None:
+        """Every ``GROW_EVERY_S``: one more process if those there were busy (:func:`decoders_wanted`). The old
+        executor finishes what it holds and ends; the next object goes to a new one of one process more."""
+        now = self.clock()
+        span = now - self._busy_since
+        if span < GROW_EVERY_S or self.workers >= self.most:
+            return
+        busy = self._busy_s / (span * self.workers)
+        self._busy_s, self._busy_since = 0.0, now
+        wanted = decoders_wanted(self.workers, busy, self.most)
+        if wanted == self.workers:
+            return
+        log.info("decode processes busy %.0f%% of the last %.0f s: starting one more (%d, at most %d)",
+                 100 * busy, span, wanted, self.most)
+        self.workers = wanted
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)  # its jobs still finish; their results come back as before
+            self._pool = None
 
     def restart(self) -> None:
         if self._pool is not None:

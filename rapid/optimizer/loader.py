@@ -103,7 +103,7 @@ class ExperienceLoader:
                  decode_workers: int = 0, current_version: Callable[[], int] | None = None,
                  poll_max_s: float | None = None, lookback_s: float = 120.0, sweep_s: float = 300.0,
                  download_threads: int = 4, mark_s: float = 30.0, clock: Callable[[], float] = time.time,
-                 downloads: Executor | None = None):
+                 downloads: Executor | None = None, decode_most: int | None = None):
         self.store, self.shape, self.buffer = store, shape, buffer
         self.rank, self.world, self.shards = rank, world, owned_shards(rank, world, shards)
         self.split = shard_split(rank, world, shards)
@@ -113,7 +113,7 @@ class ExperienceLoader:
         self.on_bad, self.on_load = on_bad, on_load
         self.current_version = current_version
         self.clock = clock
-        self.decoder = DecodePool(shape, decode_workers, store)
+        self.decoder = DecodePool(shape, decode_workers, store, most=decode_most, clock=time.monotonic)
         self.downloads = downloads or ThreadPoolExecutor(max(1, download_threads),
                                                          thread_name_prefix=f"download-{rank}")
         self.max_downloads = max(1, download_threads)

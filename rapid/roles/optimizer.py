@@ -26,7 +26,7 @@ from rapid.monitoring.optimizer_metrics import OptimizerMetrics
 from rapid.opt.buffer import ExperienceBuffer
 from rapid.opt.learner import Learner, allow_tf32, precision_settings
 from rapid.optimizer.checkpoints import save_checkpoint
-from rapid.optimizer.decode_pool import auto_workers
+from rapid.optimizer.decode_pool import auto_most, auto_workers
 from rapid.optimizer.loader import ExperienceLoader
 from rapid.optimizer.publisher import BackgroundWriter
 from rapid.roles.curves import open_curves
@@ -57,9 +57,10 @@ def pick_device(cfg: Config, rank: Identity) -> tuple[torch.device, str]:
     return torch.device(where), backend
 
 
-def decode_workers(cfg: Config) -> int:
+def decode_workers(cfg: Config) -> tuple[int, int]:
+    """The decode processes to start with, and the most they may grow to (as many: a number the config sets)."""
     n = cfg.optimizer.decode_workers
-    return auto_workers() if n < 0 else n
+    return (auto_workers(), auto_most()) if n < 0 else (n, n)
 
 
 def run_optimizer(cfg: Config, resume: Resume = False, rank: Identity = ALONE, ctx=None,
@@ -113,10 +114,11 @@ def run_optimizer(cfg: Config, resume: Resume = False, rank: Identity = ALONE, c
     buffer = ExperienceBuffer(cfg.optimizer.buffer_samples, cfg.optimizer.max_staleness,
                               keep_reference=cfg.ppo.proximal == "first_use")
     o = cfg.optimizer
+    decoders, most_decoders = decode_workers(cfg)
     loader = ExperienceLoader(store, shape, buffer, rank.rank, rank.size, read_layout(store) or 1, o.poll_s,
                               cfg.store.retention_s, on_bad=lambda key, why: metrics.bad_object(_reason(why)),
                               on_load=lambda n, nbytes, s: metrics.samples_downloaded(n, nbytes, s),
-                              decode_workers=decode_workers(cfg),
+                              decode_workers=decoders, decode_most=most_decoders,
                               current_version=lambda: loop.version,  # set before the loader starts
                               poll_max_s=o.poll_max_s, lookback_s=o.list_lookback_s, sweep_s=o.sweep_s,
                               download_threads=o.download_threads, mark_s=o.mark_s)

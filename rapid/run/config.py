@@ -202,8 +202,9 @@ class OptimizerConfig:
     torch_threads: int = 1
     """Torch CPU threads of an optimizer rank."""
     decode_workers: int = -1
-    """Processes that decode and validate experience objects (-1: one per eight cores the rank may use, 1 to 8;
-    0: in the loader thread, deterministic, for tests)."""
+    """Processes that decode and validate experience objects (-1: one per eight cores the rank may use, 1 to 8, and
+    one more at a time while they are busy over 80% of 10 s, up to one per four cores; 0: in the loader thread,
+    deterministic, for tests)."""
     collective_timeout_s: float = DEFAULT_TIMEOUT_S
     """Seconds a collective of the optimizer ranks (an all-reduce, a broadcast, their agreement) waits for the
     slowest rank before the job fails (NCCL's watchdog ends it); a rank waits for a batch at most a quarter of
