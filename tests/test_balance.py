@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections import deque
 
 from rapid.optimizer.balance import Balancer, BalanceSettings, growth_paid, next_batch, overload_line, publish_due, rate
@@ -177,3 +179,19 @@ def test_the_buffer_grows_to_hold_what_arrives_while_a_pace_takes_to_show():
     assert grown < 0.01, f"{grown:.1%} wasted with the buffer grown"
     _, capped = paced_run(pacing=True, delay_s=60.0, seconds=2400.0, most=8192)
     assert capped > grown, "max_buffer bounds the growth"
+
+
+def test_the_buffer_grows_no_further_than_the_optimizer_trains_while_samples_stay_fresh():
+    settings = BalanceSettings(batch=256, max_batch=256, target_reuse=1.0, publish_interval_s=2.0, buffer=4096,
+                               pace_every_s=5.0, max_buffer=1 << 20, fresh_s=10.0)
+    cpu = Balancer(settings)
+    for t in range(1, 60):  # 2,000 samples/s arrive, 1,000/s trained, busy all the time
+        d = cpu.step(float(t), received=2000 * t, consumed=1000 * t, wasted=0, backlog=3000, busy_s=1.0)
+    assert d.buffer == 10240, "what trains in 10 s: more would only go stale"
+    assert cpu.ceiling == 256
+    gpu = Balancer(dataclasses.replace(settings, fresh_s=math.inf, batch_follows_buffer=True))
+    for t in range(1, 60):
+        d = gpu.step(float(t), received=2000 * t, consumed=1000 * t, wasted=0, backlog=3000, busy_s=1.0)
+    assert d.buffer == 20480, "what arrives over two looks of the pace"
+    assert gpu.s.max_batch == 10240 and settings.max_batch == 256, "the batch bound follows, on the balancer's copy"
+    assert gpu.ceiling == 256, "a growth trial that did not pay still caps the batch"

@@ -31,8 +31,10 @@ The design (GA3C's run-time scheduling with Rapid's targets):
 - **Room.** A cut takes ``pace_every_s`` to show, and until it does the samples keep coming at the old pace: a
   buffer sized by hand (4,096 samples hold 0.3 s of what 14 workers of a GPU box send) overflows before any cut
   lands, and what it drops is wasted. So the buffer grows to hold what arrives over two looks of the pace
-  (:func:`buffer_wanted`), up to ``max_buffer`` (the memory allowed) and never beyond what arrives while samples
-  stay fresh. It never shrinks: a paced run's arrivals fall, and the room for the next burst should stay.
+  (:func:`buffer_wanted`), but no more than the optimizer can train (its measured capacity) while a sample stays
+  fresh: beyond that a sample kept is a sample gone stale instead of evicted. Up to ``max_buffer`` (the memory
+  allowed); on a GPU the batch ceiling follows (half the buffer). It never shrinks: a paced run's arrivals fall,
+  and the room for the next burst should stay.
 - **Saying so.** Arrival and consumption rates are measured over a sliding window. When samples go unused
   at the largest batch allowed and what arrives (at the target reuse) is clearly more than the optimizer can
   consume (``OVERLOAD_MARGIN``), measured over a whole window, the optimizer logs (at most once a minute) what
@@ -61,6 +63,7 @@ Usage::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections import deque
@@ -98,19 +101,19 @@ ROOM_STEP = 1024
 """The buffer grows in whole steps of this many samples (few reallocations)."""
 
 
-def buffer_wanted(arrival_per_s: float, pace_every_s: float, fresh_s: float = math.inf) -> int:
+def buffer_wanted(arrival_per_s: float, capacity_per_s: float, pace_every_s: float, fresh_s: float = math.inf) -> int:
     """Samples the buffer should hold for ``arrival_per_s`` arriving: what comes over ``ROOM_LOOKS`` looks of the
-    pace, but no more than comes while a sample stays fresh (``fresh_s``: beyond it the buffer would hold stale
-    samples only), rounded up to ``ROOM_STEP``.
+    pace, but no more than the optimizer trains (``capacity_per_s``) while a sample stays fresh (``fresh_s``:
+    the rest would go stale unused), rounded up to ``ROOM_STEP``.
 
-    >>> buffer_wanted(13_000, pace_every_s=5.0)        # the H200 box's 14 workers: 130,000 samples (2.3 GB of moba)
+    >>> buffer_wanted(13_000, 50_000, pace_every_s=5.0, fresh_s=34.0)   # 14 workers of a GPU box, a GPU learner
     130048
-    >>> buffer_wanted(300, pace_every_s=5.0)           # connect four on a laptop: the 4,096 it ships with do
+    >>> buffer_wanted(13_000, 300, pace_every_s=5.0, fresh_s=34.0)      # a learner that trains 300/s of them
+    10240
+    >>> buffer_wanted(300, 1_000, pace_every_s=5.0, fresh_s=18.0)       # connect four on a laptop: 4,096 do
     3072
-    >>> buffer_wanted(13_000, pace_every_s=60.0, fresh_s=34.0)   # uploads a minute apart: fresh ones only
-    442368
     """
-    want = arrival_per_s * min(ROOM_LOOKS * pace_every_s, fresh_s)
+    want = min(arrival_per_s * ROOM_LOOKS * pace_every_s, capacity_per_s * fresh_s)
     return max(ROOM_STEP, math.ceil(want / ROOM_STEP) * ROOM_STEP)
 
 
@@ -224,8 +227,10 @@ class BalanceSettings:
     """The most samples the buffer may grow to from ``buffer`` (:func:`buffer_wanted`; 0 or ≤ buffer: it keeps its
     size)."""
     fresh_s: float = math.inf
-    """Seconds a sample stays fresh (max_staleness + 1 publish intervals): room beyond what arrives meanwhile would
-    hold stale samples only."""
+    """Seconds a sample stays fresh (max_staleness + 1 publish intervals): room beyond what the optimizer trains
+    meanwhile would hold samples that go stale unused."""
+    batch_follows_buffer: bool = False
+    """The batch may grow to half the buffer, as it grows (a GPU learner without optimizer.max_batch_samples)."""
 
 
 @dataclass
@@ -247,7 +252,7 @@ class Decision:
 
 class Balancer:
     def __init__(self, settings: BalanceSettings, now: float = 0.0):
-        self.s = settings
+        self.s = dataclasses.replace(settings)  # its own: a batch ceiling may follow the buffer
         self.batch = settings.batch
         self.ceiling = settings.max_batch
         """The largest batch to try: lowered to a size whose growth did not pay (see :func:`growth_paid`)."""
@@ -324,6 +329,17 @@ class Balancer:
         self._pace_held = pace == self.pace
         self.pace, self._pace_backlog, self._last_pace = pace, backlog, now
 
+    def _grow(self, want: int) -> None:
+        """The buffer to ``want`` samples if larger; a batch ceiling that is half the buffer (a GPU learner's)
+        follows, unless a growth trial lowered it."""
+        if want <= self.buffer:
+            return
+        if self.s.batch_follows_buffer:
+            hi = max(self.s.batch, want // 2 - want // 2 % self.s.multiple)
+            self.ceiling = hi if self.ceiling == self.s.max_batch else self.ceiling
+            self.s.max_batch = hi
+        self.buffer = want
+
     def step(self, now: float, received: int, consumed: int, wasted: int, backlog: int,
              busy_s: float) -> Decision:
         """Once per update: ``busy_s`` is the time the update itself took (not waiting for data)."""
@@ -342,8 +358,8 @@ class Balancer:
             self._adjust(backlog, 1.0 - busy_share)
             self._last_adjust = now
             if self.s.max_buffer > self.buffer and arrival > 0:  # room before the first cut, not a look later
-                want = buffer_wanted(arrival, self.s.pace_every_s, self.s.fresh_s)
-                self.buffer = max(self.buffer, min(self.s.max_buffer, want))
+                self._grow(min(self.s.max_buffer, buffer_wanted(arrival, capacity, self.s.pace_every_s,
+                                                                  self.s.fresh_s)))
         if self.s.buffer and now - self._last_pace >= self.s.pace_every_s:  # a start-up flood is the first to slow
             self._pace_step(now, received, backlog, capacity, waste_share)
         measured = now - self._started >= self.s.window_s  # a start-up burst alone is no rate

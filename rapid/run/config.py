@@ -135,7 +135,8 @@ class OptimizerConfig:
     """Gradient accumulation chunk (0: the whole batch at once)."""
     buffer_samples: int = 4096
     """Experience buffer capacity per rank at the start; the oldest samples leave first. With pace_rollouts it grows
-    to hold what arrives while a change of the rollouts' pace takes to show, up to max_buffer_mb."""
+    to hold what arrives while a change of the rollouts' pace takes to show (no more than the optimizer trains while
+    samples stay fresh), up to max_buffer_mb."""
     max_buffer_mb: float = 2048.0
     """With pace_rollouts: the most memory (MiB) a rank's buffer may grow to (≤ the size of buffer_samples: it
     keeps that size)."""
