@@ -71,4 +71,5 @@ def balance_settings(cfg: Config, gpu: bool = False, sample_bytes: int = 0) -> B
     return BalanceSettings(o.batch_samples, hi, o.target_reuse, interval, multiple,
                            buffer=o.buffer_samples if o.pace_rollouts else 0,
                            pace_every_s=max(PACE_EVERY_S, shows_after_s), max_buffer=most,
-                           fresh_s=(o.max_staleness + 1) * interval, batch_follows_buffer=gpu and not o.max_batch_samples)
+                           fresh_s=(o.max_staleness + 1) * interval,
+                           batch_follows_buffer=gpu and not o.max_batch_samples)
