@@ -186,6 +186,7 @@ def test_lanes_step_every_game_and_the_server_batches_them(tmp_path):
         s = server.server.stats.summary()
         # Both lanes' requests were waiting together at least sometimes: batches larger than one lane's rows.
         assert s["batches"] < 4 * 2 * settings.segment_steps
+        assert s["passes_per_batch"] == 1.0, "every row plays the latest policy: one forward pass a batch"
     finally:
         client.close()
         server.close()

@@ -73,3 +73,32 @@ def test_over_many_slates_each_game_meets_the_pools_distribution(setup):
     for member, p in probabilities.items():
         spread = 4 * math.sqrt(p * (1 - p) / (3 * 600))  # a slate's games share its 3 draws: count the draws
         assert abs(counts[member] / total - p) <= spread + 0.005, (member, counts[member] / total, p)
+
+
+def test_the_workers_of_a_node_play_one_slate_and_the_pool_distribution_holds(setup):
+    """Node inference: every worker of a node draws the same slate for each stretch of refresh_s (the server's batch
+    then holds the latest and one slate), whatever each worker's own draws; other nodes draw their own."""
+    source, probabilities, clock, _ = setup
+    cfg = Config(model=ModelConfig(hidden=8, lstm=8), league=source.sampler.config)
+
+    def node_worker(name: str) -> LeagueOpponents:
+        return LeagueOpponents(source.sampler.league, cfg, source.env, lambda: build_policy(cfg, source.env.spec),
+                               clock=lambda: clock[0], shared=name)
+
+    a, b, other = node_worker("node-a"), node_worker("node-a"), node_worker("node-b")
+    rngs = [np.random.default_rng(i) for i in range(3)]
+    counts: Counter[str] = Counter()
+    differs = 0
+    for stretch in range(400):
+        clock[0] = 30.0 * stretch + 3.0 * (stretch % 4)  # anywhere within its first 10 s
+        slate_a = [o.id for o in a.slate(rngs[0])]
+        assert slate_a == [o.id for o in b.slate(rngs[1])], "one slate per node"
+        clock[0] += 20.0  # later in the same stretch: the same slate, not redrawn
+        assert [o.id for o in a.slate(rngs[0])] == slate_a
+        differs += slate_a != [o.id for o in other.slate(rngs[2])]
+        counts.update(slate_a)
+    assert differs > 200, "another node draws its own slates"
+    total = sum(counts.values())
+    for member, p in probabilities.items():
+        spread = 4 * math.sqrt(p * (1 - p) / total)
+        assert abs(counts[member] / total - p) <= spread + 0.005, (member, counts[member] / total, p)

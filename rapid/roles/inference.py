@@ -91,7 +91,7 @@ def run_inference_server(cfg: Config, stop: StopFlag | None = None, idle_s: floa
                 os.unlink(address)
             metrics.close()
             s = server.stats.summary()
-            log.info("inference server stopped: %d batches, %d rows (mean batch %.1f), wait p50 %.2f ms p99 %.2f ms, "
-                     "busy %.0f%%", s["batches"], s["rows"], s["mean_batch"], s["wait_p50_ms"], s["wait_p99_ms"],
-                     100 * s["busy_share"])
+            log.info("inference server stopped: %d batches, %d rows (mean batch %.1f, %.2f forward passes each), "
+                     "wait p50 %.2f ms p99 %.2f ms, busy %.0f%%", s["batches"], s["rows"], s["mean_batch"],
+                     s["passes_per_batch"], s["wait_p50_ms"], s["wait_p99_ms"], 100 * s["busy_share"])
     return 0

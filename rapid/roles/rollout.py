@@ -134,7 +134,7 @@ def build_worker(cfg: Config, seed: int, reads, run_id: str | None
     client = NodeClient(str(folder), layout, spawn=spawn, log_path=str(folder / LOG_NAME))
     settings = RolloutSettings.of(cfg, spec)
     workers = [RolloutWorker(env, policy, settings,
-                             LeagueOpponents(League(reads), cfg, env, remote=client.load_opponent),
+                             LeagueOpponents(League(reads), cfg, env, remote=client.load_opponent, shared=str(folder)),
                              seed=seed + LANE_SEED_STEP * i, inference=client.lane(i)) for i, env in enumerate(envs)]
     return Lanes(workers), list(envs), client
 

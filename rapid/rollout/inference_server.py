@@ -62,14 +62,17 @@ class BatchStats:
 
     batches: int = 0
     rows: int = 0
+    passes: int = 0
+    """Forward passes: one per distinct policy of a batch (the latest, each past opponent its rows play)."""
     busy_s: float = 0.0
     started: float = field(default_factory=time.monotonic)
     waits_s: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
     """The latest requests' waits: appended per batch without copying the window."""
 
-    def record(self, size: int, waits: list[float], busy_s: float) -> None:
+    def record(self, size: int, waits: list[float], busy_s: float, passes: int = 1) -> None:
         self.batches += 1
         self.rows += size
+        self.passes += passes
         self.busy_s += busy_s
         self.waits_s.extend(waits)
 
@@ -78,6 +81,7 @@ class BatchStats:
         elapsed = max(time.monotonic() - self.started, 1e-9)
         return {"batches": self.batches, "rows": self.rows,
                 "mean_batch": self.rows / max(self.batches, 1),
+                "passes_per_batch": self.passes / max(self.batches, 1),
                 "wait_p50_ms": float(np.percentile(waits, 50) * 1e3),
                 "wait_p99_ms": float(np.percentile(waits, 99) * 1e3), "busy_s": self.busy_s,
                 "busy_share": self.busy_s / elapsed}
@@ -331,6 +335,6 @@ class InferenceServer:
             self._answer(p.worker, reply)
         size = sum(int(p.message["n"]) for p in batch)
         waits = [started - p.arrived for p in batch]
-        self.stats.record(size, waits, busy)
+        self.stats.record(size, waits, busy, passes=len(by_policy))
         if self.metrics is not None:
             self.metrics.batch(size, waits, busy)

@@ -35,6 +35,7 @@ Usage (inside a rollout worker)::
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import time
@@ -62,11 +63,17 @@ class LeagueOpponents:
     still distributed as the pool says, but a worker's games hold about two slates of past policies at most (the
     current one, and the one before in the games still running) where a draw per game meant up to one per game
     (``benchmarks/bench_opponents.py``). Policies are built once per slate and kept while drawn again.
+
+    ``shared``: a name every worker of a node passes under node inference (the node's folder). The slate is then
+    drawn at each ``league.refresh_s`` boundary of the clock (``time.monotonic``: one clock for a machine's
+    processes) from a seed of that name and the boundary's number, so every lane and worker of the node plays the
+    same past policies and the server's batches hold the latest and one slate: each distinct policy in a batch is
+    one more forward pass there. The pool's distribution over snapshots holds as before, per slate.
     """
 
     def __init__(self, league: League, cfg: Config, env: VecMultiAgentEnv,
                  make_policy: Callable[[], Policy] | None = None, clock: Callable[[], float] = time.monotonic,
-                 remote: Callable[[str], None] | None = None):
+                 remote: Callable[[str], None] | None = None, shared: str | None = None):
         """``make_policy`` builds a past policy to play on this core; ``remote`` instead has the node's inference
         server load it by id (``NodeClient.load_opponent``), which raises what a failed load raises."""
         self.slate_size = cfg.league.slate_size
@@ -76,6 +83,7 @@ class LeagueOpponents:
         self._bots: dict[str, Opponent] = {}
         self._slate: list[Opponent] = []
         self._drawn_at = -math.inf
+        self._seed = None if shared is None else int.from_bytes(hashlib.sha256(shared.encode()).digest()[:8], "little")
         self.load_failures = 0
 
     def follow(self, meta: Mapping | None) -> None:
@@ -97,10 +105,16 @@ class LeagueOpponents:
 
     def slate(self, rng: np.random.Generator) -> list[Opponent]:
         """The past opponents new games are drawn from now (redrawn every ``league.refresh_s``)."""
-        now = self.clock()
-        if self._slate and now - self._drawn_at < self.sampler.refresh_s:
+        now, refresh = self.clock(), self.sampler.refresh_s
+        if self._seed is not None:  # the node's slate: the same draw in every worker for this stretch of the clock
+            epoch = math.floor(now / refresh)
+            if self._slate and epoch * refresh == self._drawn_at:
+                return self._slate
+            self._drawn_at, rng = epoch * refresh, np.random.default_rng([self._seed, epoch])
+        elif self._slate and now - self._drawn_at < refresh:
             return self._slate
-        self._drawn_at = now
+        else:
+            self._drawn_at = now
         built = {o.id: o for o in self._slate}
         slate = []
         for _ in range(self.slate_size):
