@@ -107,3 +107,34 @@ def test_a_gpu_box_keeps_cores_for_the_optimizer_side_and_says_so(monkeypatch):
     assert plan.workers == 11 and "2 for its decode processes, 1 for the node inference server" in plan.line()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert box_plan(load_config("configs/moba-5v5.toml", ["run.num_workers=0"])).workers == 15
+
+
+def test_on_a_gpu_box_each_role_runs_on_the_cores_kept_for_it(tmp_path):
+    """Issue 59: cores kept on paper are kept for real. With injected machine facts (the 16-core H200 box) the
+    roles' core sets are disjoint and cover the box; the optimizer is told to run the decode processes its cores
+    were kept for (pinned, it would count only its own three). A real child process runs on the cores it is given."""
+    import functools
+    import os
+
+    from rapid.roles.box_plan import cpu_sets, plan_box
+    from rapid.roles.launcher import _die_with_parent, _processes
+    from rapid.run.config_files import load_config
+
+    plan = plan_box(cores=16, gpu=True, node_inference=True, decoders=2, evaluator=True)
+    sets = cpu_sets(plan, list(range(16)))
+    assert sets is not None and sum(len(s) for s in sets.values()) == 16
+    assert frozenset().union(*sets.values()) == frozenset(range(16)) and len(sets["rollout"]) == plan.workers
+    assert cpu_sets(plan, list(range(12))) is None, "fewer cores than planned: nothing pinned"
+    assert cpu_sets(plan_box(16, False, True, 2, True), list(range(16))) is None, "a CPU-only box is not pinned"
+    cfg = load_config("configs/moba-5v5.toml", ["rollout.inference=local"])
+    make_optimizer, servers, rollouts, evaluator = _processes(cfg, tmp_path, 2, 0, None, sets)
+    optimizer = make_optimizer("auto")
+    assert optimizer.cpus == sets["optimizer"] and "optimizer.decode_workers=2" in optimizer.args
+    assert all(r.cpus == sets["rollout"] for r in rollouts) and evaluator[0].cpus == sets["evaluator"]
+    unpinned = _processes(cfg, tmp_path, 1, 0, None)[0](False)
+    assert unpinned.cpus is None and not any("decode_workers" in a for a in unpinned.args)
+    one = min(os.sched_getaffinity(0))
+    out = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                         capture_output=True, text=True, check=True,
+                         preexec_fn=functools.partial(_die_with_parent, frozenset({one})))
+    assert out.stdout.strip() == f"[{one}]"

@@ -34,7 +34,7 @@ from rapid.infra.identity import usable_cpus
 from rapid.infra.store import StoreError
 from rapid.monitoring.metrics import LauncherMetrics
 from rapid.optimizer.decode_pool import auto_workers
-from rapid.roles.box_plan import BoxPlan, plan_box
+from rapid.roles.box_plan import BoxPlan, cpu_sets, describe, plan_box
 from rapid.roles.restarts import RestartPolicy
 from rapid.roles.start_point import Resume
 from rapid.roles.startup import StopFlag, check_run_dir, log_to_file, open_run_store, rollout_seed, start_metrics
@@ -49,13 +49,16 @@ from rapid.run.restart_summary import Death
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM when the launcher dies (Linux)."""
+def _die_with_parent(cpus: frozenset[int] | None = None) -> None:
+    """In the child before exec: get SIGTERM when the launcher dies (Linux), and run on ``cpus`` if given (its
+    children inherit them: an optimizer's decode processes)."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
         pass
     os.setsid()
+    if cpus:
+        os.sched_setaffinity(0, cpus)
 
 
 @dataclass
@@ -66,12 +69,14 @@ class Child:
     proc: subprocess.Popen | None = None
     restarts: int = 0
     exit_codes: list[int] = field(default_factory=list)
+    cpus: frozenset[int] | None = None
+    """The cores its process runs on (None: the launcher's)."""
 
     def start(self) -> None:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "rapid.cli", *self.args], stdout=log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     preexec_fn=_die_with_parent)
+                                     preexec_fn=functools.partial(_die_with_parent, self.cpus))
         log.close()
 
     def alive(self) -> bool:
@@ -188,26 +193,35 @@ def _node_inference(cfg: Config) -> tuple[bool, Config]:
     return True, dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, inference_spawn=False))
 
 
-def _processes(cfg: Config, run_dir: Path, workers: int, seed_offset: int, stop: StopFlag):
+def _processes(cfg: Config, run_dir: Path, workers: int, seed_offset: int, stop: StopFlag,
+               cpus: dict[str, frozenset[int]] | None = None):
     """The optimizer (a function of how it starts: a restart resumes), then the node's inference server (node
-    inference), the rollout workers and the evaluator, as child processes."""
+    inference), the rollout workers and the evaluator, as child processes; each on its role's ``cpus`` if given."""
     config_path, logs = str(run_dir / "config.toml"), run_dir / "logs"
+    on = (cpus or {}).get
+    # Pinned, the optimizer would count only its own cores: it runs the decode processes its cores were kept for.
+    decoders = ["--set", f"optimizer.decode_workers={len(cpus['optimizer']) - 1}"] if cpus else []
 
     def optimizer(resume: Resume) -> Child:
         how = {False: [], True: ["--resume"], "auto": ["--resume", "auto"]}[resume]
-        return Child("optimizer", ["optimizer", "--config", config_path, *how], logs / "optimizer.log")
+        return Child("optimizer", ["optimizer", "--config", config_path, *how, *decoders], logs / "optimizer.log",
+                     cpus=on("optimizer"))
 
     node, _ = _node_inference(cfg)
-    servers = [Child("inference", ["inference", "--config", config_path], logs / "inference.log")] if node else []
+    servers = [Child("inference", ["inference", "--config", config_path], logs / "inference.log",
+                     cpus=on("inference"))] if node else []
     no_spawn = ["--set", "rollout.inference_spawn=false"] if node else []
     rollouts = [Child(f"rollout-{i}", ["rollout", "--config", config_path, "--worker-id", f"w{i}",
                                        "--seed", str(rollout_seed(cfg.run.seed, f"w{i}", i) + seed_offset),
-                                       *no_spawn], logs / f"rollout-{i}.log") for i in range(workers)]
-    evaluator = [Child("evaluator", ["evaluator", "--config", config_path], logs / "evaluator.log")]
+                                       *no_spawn], logs / f"rollout-{i}.log", cpus=on("rollout"))
+                for i in range(workers)]
+    evaluator = [Child("evaluator", ["evaluator", "--config", config_path], logs / "evaluator.log",
+                       cpus=on("evaluator"))]
     return optimizer, servers, rollouts, evaluator
 
 
-def _threads(cfg: Config, run_dir: Path, workers: int, seed_offset: int, stop: StopFlag):
+def _threads(cfg: Config, run_dir: Path, workers: int, seed_offset: int, stop: StopFlag,
+             cpus: dict[str, frozenset[int]] | None = None):
     """The same roles as threads of this process, each running its role main with the shared stop flag but the
     optimizer, whose flag is its own (one that fails sets it, and must not stop the others while it restarts)."""
     from rapid.roles.evaluator import run_evaluator
@@ -289,8 +303,10 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_
     stop = StopFlag()
     # A resumed run plays new games: its workers' seeds differ from the first run's.
     seed_offset = int(time.time()) if resume else 0
+    pinned = None if plan is None or in_process or not hasattr(os, "sched_getaffinity") else cpu_sets(
+        plan, sorted(os.sched_getaffinity(0)))
     make_optimizer, servers, rollouts, evaluator = (_threads if in_process else _processes)(
-        cfg, run_dir, workers, seed_offset, stop)
+        cfg, run_dir, workers, seed_offset, stop, pinned)
     helpers = rollouts + (evaluator if cfg.eval.interval_s > 0 else [])
     metrics = start_metrics(LauncherMetrics, cfg)
     run_logs = RunLogs(run_dir)
@@ -301,6 +317,8 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_
               "Ctrl-C stops cleanly", flush=True)
         if plan is not None:
             print(f"rapid train: {plan.line()} (run.num_workers = 0; set it to choose)", flush=True)
+        if pinned is not None:
+            print(f"rapid train: each role on its own cores: {describe(pinned)}", flush=True)
     started = time.time()
     optimizer = make_optimizer(resume)
     optimizer.start()

@@ -37,7 +37,8 @@ class RunConfig:
     rapid-optimizer ignores it: a cluster run stops at run.updates or run.minutes."""
     num_workers: int = 0
     """Rollout worker processes for `rapid train` (0: one per core this process may use, as taskset or a
-    container's cpuset leaves it, less the optimizer's; at least 1)."""
+    container's cpuset leaves it, less the optimizer's, and on a GPU box less a core each for its decode processes,
+    the inference server and the evaluator, every role then pinned to its cores on Linux; at least 1)."""
     max_restarts: int = 3
     """`rapid train` restarts an optimizer that died (a signal, an out-of-memory kill, an unexpected error) from
     its newest checkpoint, waiting 1, 2, 4 … s (at most 30 s) first, at most this many times in a row; a restart
