@@ -14,7 +14,8 @@ worker count: samples per optimizer-process CPU-second, ms of optimizer-process 
 thread: ``getrusage(RUSAGE_SELF)``, never its children's), and the decode processes' CPU per MB beside it (read
 from ``/proc`` for every descendant of this process, so the forkserver's workers count). CPU time, not wall time:
 other sessions share the machine. The best of ``--repeat`` runs. Last, the CPU of drawing a batch of 1,024 from
-a full buffer (the host's copy of a batch).
+a full buffer (the host's copy of a batch), alone, then packed into a staging arena as a GPU learner packs it, and
+gathered straight into that arena (``--draw-only``: these lines only).
 """
 
 from __future__ import annotations
@@ -124,10 +125,15 @@ def run(config: str, samples: int, objects: int, workers: int) -> dict:
             "ms_per_mb": 1000 * mine / mb, "decoders_ms_per_mb": 1000 * children / mb, "wall_s": wall}
 
 
-def draw_ms(config: str, batch: int = 1024, capacity: int = 8192) -> float:
-    """CPU ms of one ``ExperienceBuffer.sample(batch)`` from a full buffer of ``capacity`` (best of 5 × 20)."""
+def draw_ms(config: str, batch: int = 1024, capacity: int = 8192, how: str = "drawn") -> float:
+    """CPU ms of one ``ExperienceBuffer.sample(batch)`` from a full buffer of ``capacity`` (best of 5 × 20); with
+    ``how`` "drawn+packed" also packed into a staging arena as a GPU learner does (``Pipeline.stage``, on the CPU,
+    the device copy left out), with "gathered" taken straight into that arena (``Pipeline.gather``)."""
+    import torch
+
     from rapid.formats.experience import Shape
     from rapid.opt.buffer import ExperienceBuffer
+    from rapid.opt.pipeline import Pipeline
     from rapid.roles.startup import env_spec
     from rapid.run.config_files import load_config
 
@@ -135,11 +141,21 @@ def draw_ms(config: str, batch: int = 1024, capacity: int = 8192) -> float:
     shape = Shape.of(env_spec(cfg), bptt=cfg.rollout.bptt, lstm=cfg.model.lstm)
     buffer, rng = ExperienceBuffer(capacity, max_staleness=10**9), np.random.default_rng(0)
     buffer.add(experience(shape, capacity, 0).arrays)
+    pipeline = Pipeline(torch.device("cpu"), staging=True, copier=lambda dst, src: None)
+
+    def once() -> None:
+        if how == "gathered":
+            buffer.sample(batch, 0, rng, into=lambda arrays, rows: pipeline.gather(arrays, rows, 0))
+            return
+        drawn = buffer.sample(batch, 0, rng)
+        if how == "drawn+packed" and drawn is not None:
+            pipeline.stage(drawn[0], 0)
+
     best = float("inf")
     for _ in range(5):
         start = time.process_time()
         for _ in range(20):
-            buffer.sample(batch, 0, rng)
+            once()
         best = min(best, (time.process_time() - start) / 20)
     return 1000 * best
 
@@ -151,11 +167,12 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=0, help="samples per object (0: 512 moba, 1024 connect four)")
     ap.add_argument("--objects", type=int, default=24)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--draw-only", action="store_true", help="only the CPU of drawing (and packing) a batch")
     args = ap.parse_args()
     print("| config | object | decode processes | samples / optimizer CPU-s | optimizer CPU ms / MB "
           "| decoders' CPU ms / MB | wall s |")
     print("|---|---|---:|---:|---:|---:|---:|")
-    for name in args.configs:
+    for name in args.configs if not args.draw_only else ():
         config, default_samples = CONFIGS[name]
         samples = args.samples or default_samples
         for workers in args.workers:
@@ -165,8 +182,9 @@ def main() -> None:
                   f"| {best['samples_per_cpu_s']:,.0f} | {best['ms_per_mb']:.2f} | {best['decoders_ms_per_mb']:.2f} "
                   f"| {best['wall_s']:.2f} |", flush=True)
     for name in args.configs:
-        print(f"{name}: ExperienceBuffer.sample(1024) from a full 8,192-sample buffer: "
-              f"{draw_ms(CONFIGS[name][0]):.2f} ms of CPU")
+        ms = {how: draw_ms(CONFIGS[name][0], how=how) for how in ("drawn", "drawn+packed", "gathered")}
+        print(f"{name}: ExperienceBuffer.sample(1024) from a full 8,192-sample buffer: {ms['drawn']:.2f} ms of CPU; "
+              f"drawn, then packed for a GPU: {ms['drawn+packed']:.2f}; gathered into the arena: {ms['gathered']:.2f}")
 
 
 if __name__ == "__main__":

@@ -32,9 +32,13 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+Gather = Callable[[dict[str, np.ndarray], np.ndarray], dict[str, np.ndarray]]
+"""Takes the drawn rows of the buffer's arrays out (under its lock) as a batch."""
 
 
 @dataclass
@@ -146,11 +150,14 @@ class ExperienceBuffer:
         self._valid &= ~stale
 
     def sample(self, batch: int, current_version: int, rng: np.random.Generator, max_reuse: float = np.inf,
-               timeout: float = 0.0) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
+               timeout: float = 0.0, into: Gather | None = None) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
         """``batch`` fresh samples (least-used first, ties at random) and their staleness, or None if
         there are too few, or consuming them would push reuse above ``max_reuse``, within ``timeout``. A batch
         of samples never used is always served: reuse is held back by refusing second uses, never first ones
-        (a rank that reused samples while short, next to peers in lock step, must still train on what comes)."""
+        (a rank that reused samples while short, next to peers in lock step, must still train on what comes).
+        ``into(arrays, rows)`` takes the drawn rows out of the buffer's arrays while the lock holds them (a
+        learner that stages batches packs them straight where they go: ``Learner.gather``); it returns a dict
+        with at least ``version``."""
         cap = per_sample_cap(max_reuse)
         with self._lock:
             ready = self._added.wait_for(lambda: self._ready(batch, current_version, max_reuse, cap), timeout)
@@ -163,7 +170,7 @@ class ExperienceBuffer:
             self._stats.used += int((self._uses[chosen] == 0).sum())
             self._uses[chosen] += 1
             self._stats.consumed += batch
-            out = {k: v[chosen] for k, v in arrays.items()}  # indexing by an array copies: no second copy
+            out = into(arrays, chosen) if into else {k: v[chosen] for k, v in arrays.items()}  # one copy each way
             if self.keep_reference:
                 out["slot"], out["generation"] = chosen, self._generation[chosen]
         return out, current_version - out["version"]

@@ -218,11 +218,12 @@ class Learner:
     def stage(self, batch: Batch) -> Staged:
         """The batch on its way to the learner's device (on CUDA: packed into pinned memory, copied on a side
         stream; :mod:`rapid.opt.pipeline`). ``update`` takes the result as it takes numpy arrays."""
-        if self.first_use and "reference_logp" not in batch:  # a batch from no buffer: every sample is new
-            logp = batch["logp"]
-            nan = torch.full_like(logp, float("nan")) if torch.is_tensor(logp) else np.full_like(logp, np.nan)
-            batch = {**batch, "reference_logp": nan}
         return self.pipeline.stage(batch, self.microbatch_samples)
+
+    def gather(self, arrays: dict[str, np.ndarray], chosen: np.ndarray) -> dict[str, np.ndarray]:
+        """The rows ``chosen`` of an experience buffer's ``arrays`` (its ``sample(into=...)``, under its lock) as a
+        batch: staged straight from them where the learner stages (one host copy), else drawn out as arrays."""
+        return self.pipeline.gather(arrays, chosen, self.microbatch_samples)
 
     def prefetch(self, draw: Callable[[], Batch | None]) -> None:
         """``draw()`` is called once during the next update, after its kernels are queued and before its one
@@ -235,10 +236,8 @@ class Learner:
         t0 = time.perf_counter()
         if isinstance(batch, Staged):
             staged = batch
-        elif self._ahead is not None and self._ahead[0] is batch:
-            staged = self._ahead[1]
         else:
-            staged = self.stage(batch)
+            staged = self._ahead[1] if self._ahead is not None and self._ahead[0] is batch else self.stage(batch)
         self._ahead = None
         lr, ent_coef = self.schedule(progress)
         if self.proximal is not None and self.updates >= self._proximal_due:

@@ -14,6 +14,10 @@ bound holds in each pass and the second pass costs one copy per chunk but the fi
 Elsewhere (the CPU) nothing is copied: a chunk is a view of the numpy arrays and its runs are built on the host;
 no memory is pinned, and no stream or thread exists.
 
+Drawn from the experience buffer, a batch is gathered from the buffer's rows straight into the arena
+(:meth:`Pipeline.gather`, under the buffer's lock: ``ExperienceBuffer.sample(into=...)``): one host copy of the
+batch, where drawing it out of the buffer and then packing it made two.
+
 How the optimizer loop stages ahead: it hands :meth:`rapid.opt.learner.Learner.prefetch` the function that
 draws its next batch. The next update calls it once its own kernels are queued (before its one read of the
 device), packs what it returns and starts its first copy: the host draws and packs batch k + 1 while the GPU
@@ -160,6 +164,15 @@ class Staged:
         return -(-self.rows // self.chunk_rows)
 
 
+class PackedBatch(dict):
+    """A batch gathered straight into the arena: the few per-sample arrays the optimizer loop reads on the host
+    (``version``, the buffer's ``slot`` and ``generation``), with the batch itself staged (``staged``)."""
+
+    def __init__(self, host: dict[str, np.ndarray], staged: Staged):
+        super().__init__(host)
+        self.staged = staged
+
+
 class Pipeline:
     """Stages batches for one learner. ``staging``: through the pinned double buffer (:func:`stages_ahead`;
     a test may force it on the CPU); ``copier(dst, src)`` makes each host-to-device copy (a test counts them);
@@ -175,13 +188,22 @@ class Pipeline:
         self.side = torch.cuda.Stream(device) if staging and self.cuda else None
 
     def stage(self, batch: Batch, chunk_rows: int) -> Staged:
-        """``batch`` staged in chunks of ``chunk_rows`` (0: whole); the first chunk's copy is started."""
+        """``batch`` staged in chunks of ``chunk_rows`` (0: whole); the first chunk's copy is started. A batch from
+        no buffer lacks the references a first-use clip needs (:data:`FIRST_USE`): every sample is new, NaN."""
+        if isinstance(batch, PackedBatch):
+            return batch.staged
+        if "reference_logp" in self.whole and "reference_logp" not in batch:
+            logp = batch["logp"]
+            nan = torch.full_like(logp, float("nan")) if torch.is_tensor(logp) else np.full_like(logp, np.nan)
+            batch = {**batch, "reference_logp": nan}
         rows = int(batch["active"].shape[0])
         chunk_rows = chunk_rows or rows
         on_device = all(torch.is_tensor(batch[k]) and batch[k].device == self.device for k in self.whole + CHUNKED)
         if not self.staging or on_device:
             return self._in_place(batch, rows, chunk_rows)
-        return self._packed(batch, rows, chunk_rows)
+        specs = {k: (tuple(v.shape), _torch_dtype(v)) for k, v in batch.items()}
+        return self._packed(specs, _host(batch["first"]), rows, chunk_rows,
+                            lambda key, part, out: np.copyto(out, _host(batch[key])[part], casting="no"))
 
     def _in_place(self, batch: Batch, rows: int, chunk_rows: int) -> Staged:
         """Where the batch lies (the CPU, or a batch already on the device): views, and runs built on the host."""
@@ -194,11 +216,27 @@ class Pipeline:
 
         return Staged(lambda: {k: tensors[k] for k in self.whole}, first, rows, chunk_rows, chunk)
 
-    def _packed(self, batch: Batch, rows: int, chunk_rows: int) -> Staged:
-        first = _host(batch["first"])
+    def gather(self, arrays: Mapping[str, np.ndarray], chosen: np.ndarray, chunk_rows: int) -> dict[str, np.ndarray]:
+        """The rows ``chosen`` of ``arrays`` (an experience buffer's, whose lock the caller holds) as a batch: where
+        batches are staged, in chunks of ``chunk_rows`` taken straight into the arena (no batch drawn out first);
+        elsewhere, or without the references a first-use clip needs, drawn out as arrays."""
+        if not self.staging or ("reference_logp" in self.whole and "reference_logp" not in arrays):
+            return {k: v[chosen] for k, v in arrays.items()}
+        rows = len(chosen)
+        specs = {k: ((rows, *v.shape[1:]), _torch_dtype(v)) for k, v in arrays.items()}
+        staged = self._packed(specs, arrays["first"][chosen], rows, chunk_rows or rows,
+                              # mode="clip": numpy buffers `out` under the default "raise" (a second copy); the rows
+                              # the buffer chose are in range
+                              lambda key, part, out: np.take(arrays[key], chosen[part], axis=0, out=out, mode="clip"))
+        return PackedBatch({"version": arrays["version"][chosen]}, staged)
+
+    def _packed(self, specs: Mapping[str, tuple[tuple[int, ...], torch.dtype]], first: np.ndarray, rows: int,
+                chunk_rows: int, fill: Callable[[str, slice, np.ndarray], object]) -> Staged:
+        """The batch of ``specs`` (each array's shape and dtype) packed into the next arena, ``fill(key, rows, out)``
+        writing an array's ``rows`` into ``out``, and its first copy started."""
         parts = [slice(s, s + chunk_rows) for s in range(0, rows, chunk_rows)]
         runs = [ResetFreeRuns.of(first[p]).split for p in parts]
-        segments, size = _layout(batch, self.whole, parts, runs)
+        segments, size = _layout(specs, self.whole, parts, runs)
         slot = self.slots[self._next]
         self._next = 1 - self._next
         arena = slot.take(size, pin=self.cuda)
@@ -206,11 +244,10 @@ class Pipeline:
         host = arena.numpy()
         for segment, part, split in zip(segments, parts, runs):
             for key, region in segment.regions.items():
-                rows_of = part if key in CHUNKED else slice(None)
-                _write(host, segment.start, region, _host(batch[key])[rows_of])
+                fill(key, part if key in CHUNKED else slice(None), _view(host, segment.start, region))
             if split is not None and segment.runs is not None:
                 for key, region in segment.runs.items():
-                    _write(host, segment.start, region, getattr(split, key).numpy())
+                    _view(host, segment.start, region)[...] = getattr(split, key).numpy()
         compute = torch.cuda.current_stream(self.device) if self.side is not None else None
         copied: dict[int, tuple[torch.Tensor, torch.cuda.Event | None]] = {}
 
@@ -271,25 +308,25 @@ def _host(value: np.ndarray | torch.Tensor) -> np.ndarray:
     return value.cpu().numpy() if torch.is_tensor(value) else np.asarray(value)
 
 
-def _write(host: np.ndarray, start: int, region: Region, value: np.ndarray) -> None:
+def _view(host: np.ndarray, start: int, region: Region) -> np.ndarray:
+    """The region of the arena as a numpy array of its dtype and shape."""
     a = start + region.offset
     dtype = torch.empty((), dtype=region.dtype).numpy().dtype
-    np.copyto(host[a:a + region.nbytes].view(dtype).reshape(region.shape), value, casting="no")
+    return host[a:a + region.nbytes].view(dtype).reshape(region.shape)
 
 
-def _layout(batch: Batch, whole: tuple[str, ...], parts: list[slice], runs: list[RunSplit | None]
-            ) -> tuple[list[Segment], int]:
-    """Where every array of every chunk lies in the arena: one segment per chunk, the first with the whole batch's
-    figures (``whole``); (segments, bytes)."""
+def _layout(specs: Mapping[str, tuple[tuple[int, ...], torch.dtype]], whole: tuple[str, ...], parts: list[slice],
+            runs: list[RunSplit | None]) -> tuple[list[Segment], int]:
+    """Where every array (``specs``: its shape and dtype) of every chunk lies in the arena: one segment per chunk,
+    the first with the whole batch's figures (``whole``); (segments, bytes)."""
     segments, start = [], 0
     for j, (part, split) in enumerate(zip(parts, runs)):
         offset, regions = 0, {}
         for key in (whole if j == 0 else ()) + CHUNKED:
-            value = batch[key]
-            shape = tuple(value.shape)
+            shape, dtype = specs[key]
             if key in CHUNKED:
                 shape = (len(range(*part.indices(shape[0]))), *shape[1:])
-            region = Region(offset, _torch_dtype(value), shape)
+            region = Region(offset, dtype, shape)
             regions[key] = region
             offset = _aligned(offset + region.nbytes)
         run_regions = None

@@ -5,14 +5,16 @@ shows: one wait per update under ``torch.cuda.set_sync_debug_mode("error")``, an
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 import rapid.roles.optimizer as optimizer
+from rapid.opt.buffer import ExperienceBuffer
 from rapid.opt.config import PPOConfig
 from rapid.opt.learner import Learner, fused_adam
 from rapid.opt.model import Policy
-from rapid.opt.pipeline import stages_ahead
+from rapid.opt.pipeline import PackedBatch, stages_ahead
 from rapid.roles.startup import StopFlag
 from tests.learner_data import HEADS, LSTM, OBS, make_policy, played_batch
 from tests.test_optimizer_loop import plant, small_config
@@ -122,6 +124,43 @@ def test_the_heads_run_in_float32_under_bf16_autocast():
 def test_adam_is_fused_on_cuda_only(device, fused):
     assert fused_adam(torch.device(device)) is fused
     assert stages_ahead(torch.device(device)) is fused  # pinned memory and a side stream only where a GPU is
+
+
+def buffer_of(batches, keep_reference=False):
+    buffer = ExperienceBuffer(64, max_staleness=8, keep_reference=keep_reference)
+    for i, b in enumerate(batches):
+        buffer.add({**{k: np.asarray(v) for k, v in b.items()}, "version": np.full(len(b["active"]), i, np.int64)})
+    return buffer
+
+
+@pytest.mark.parametrize("proximal", ["behaviour", "first_use"])
+def test_a_batch_gathered_from_the_buffer_into_the_arena_trains_as_one_drawn_out_first(proximal):
+    """Issue 59: a staging learner takes a drawn batch from the buffer's rows straight into its arena (one host copy,
+    under the buffer's lock) instead of drawing it out and packing it (two). The same rows give the same update,
+    with one device copy per chunk; the buffer's slots and generations ride along for its first-use references."""
+    ppo = PPOConfig(lr=1e-3, proximal=proximal)
+    batches = [played_batch(make_policy(), S=12, seed=s, reset_prob=0.3) for s in range(2)]
+    gathered_from = buffer_of(batches, keep_reference=proximal == "first_use")
+    drawn_from = buffer_of(batches, keep_reference=proximal == "first_use")
+    copier = CountingCopier()
+    gathering = Learner(make_policy(), ppo, microbatch_samples=4, staging=True, copier=copier)
+    drawing = Learner(make_policy(), ppo, microbatch_samples=4, staging=True, copier=CountingCopier())
+    for k in range(3):
+        got, s1 = gathered_from.sample(12, 1, np.random.default_rng(k), into=gathering.gather)
+        want, s2 = drawn_from.sample(12, 1, np.random.default_rng(k))
+        assert isinstance(got, PackedBatch) and np.array_equal(s1, s2)
+        assert not ({"obs", "mask", "actions"} & set(got)), "the arrays went to the arena only"
+        ga, da = gathering.update(got), drawing.update(want)
+        for key in ("policy_loss", "value_loss", "entropy", "approx_kl", "grad_norm"):
+            assert ga[key] == da[key], (k, key)
+        gathered_from.remember(got, gathering.reference_logp)
+        drawn_from.remember(want, drawing.reference_logp)
+    assert copier.calls == 3 * 3  # three chunks a batch, one copy each
+    for (name, a), b in zip(gathering.policy.state_dict().items(), drawing.policy.state_dict().values()):
+        assert torch.equal(a, b), name
+    plain = Learner(make_policy(), ppo)  # no staging: the rows are drawn out as arrays, as the buffer would
+    out, _ = buffer_of(batches).sample(4, 1, np.random.default_rng(0), into=plain.gather)
+    assert not isinstance(out, PackedBatch) and out["obs"].shape[0] == 4
 
 
 def test_the_cpu_learner_pins_nothing_and_copies_nothing():

@@ -78,7 +78,7 @@ class Buffer:
         self.grown.append(capacity)
         return True
 
-    def sample(self, batch, version, rng, max_reuse, timeout=0.0):
+    def sample(self, batch, version, rng, max_reuse, timeout=0.0, into=None):
         self.consumed += batch
         return {"obs": np.zeros((batch, 1), np.float32)}, np.zeros(batch, np.int64)
 
@@ -290,7 +290,7 @@ def test_the_agreement_carries_rank_0s_values_whether_the_collective_sums_or_ave
 class Short(Buffer):
     """A rank's buffer with no fresh sample: it has a batch only for a draw that may reuse (``max_reuse`` > 1)."""
 
-    def sample(self, batch, version, rng, max_reuse, timeout=0.0):
+    def sample(self, batch, version, rng, max_reuse, timeout=0.0, into=None):
         return super().sample(batch, version, rng, max_reuse) if max_reuse > 1 else None
 
 

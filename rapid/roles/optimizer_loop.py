@@ -37,7 +37,7 @@ from rapid.optimizer.balance import Balancer, Decision, publish_due
 from rapid.optimizer.checkpoints import save_checkpoint
 from rapid.optimizer.publisher import BackgroundWriter
 from rapid.roles.lockstep import Agreement, WaitNotice, balance_inputs, decision_of, decision_values
-from rapid.roles.optimizer_parts import Parts, Prefetching
+from rapid.roles.optimizer_parts import Gathering, Parts, Prefetching
 from rapid.roles.optimizer_settings import balance_settings, run_progress, version_meta
 from rapid.roles.steps import AllGather, Sleep, Until
 from rapid.run.config import Config
@@ -95,6 +95,8 @@ class OptimizerLoop:
         """The longest a version waited for rank 0's writer; past a round the ranks trained and agreed meanwhile."""
         self.waiting = WaitNotice(log, parts.store.describe(), clock.monotonic())
         self.prefetching = parts.learner if isinstance(parts.learner, Prefetching) else None
+        self.gather = parts.learner.gather if isinstance(parts.learner, Gathering) else None
+        """How a batch is taken out of the buffer: the learner's (one host copy where it stages), or the buffer's."""
         """The learner, where it draws the next batch during an update (the product's; not the scale model's)."""
         self.ahead: tuple[dict, Any] | None = None
         """The batch drawn during the last update and its staleness then: the next one to train on."""
@@ -246,7 +248,8 @@ class OptimizerLoop:
     def _draw_ahead(self) -> dict | None:
         """The next batch, drawn during this update (never waiting: None if there is none yet), at its batch size
         and version: trained after this update's publish, it may be a version staler (reported as at training)."""
-        self.ahead = self.p.buffer.sample(self.batch, self.version, self.rng, self._draw_cap(), timeout=0.0)
+        self.ahead = self.p.buffer.sample(self.batch, self.version, self.rng, self._draw_cap(), timeout=0.0,
+                                          into=self.gather)
         self.ahead_version = self.version
         return None if self.ahead is None else self.ahead[0]
 
@@ -265,7 +268,8 @@ class OptimizerLoop:
         p, t = self.p, self.timing
         until = min(self.deadline, self.clock.time() + t.round_s)
         while not self.stop and p.loader.failure is None and self.clock.time() < until:
-            batch = p.buffer.sample(self.batch, self.version, self.rng, self._draw_cap(), timeout=t.sample_wait_s)
+            batch = p.buffer.sample(self.batch, self.version, self.rng, self._draw_cap(), timeout=t.sample_wait_s,
+                                    into=self.gather)
             if batch is not None:
                 return batch
             if t.idle_s:

@@ -48,6 +48,14 @@ class Prefetching(Protocol):
         ...
 
 
+@runtime_checkable
+class Gathering(Protocol):
+    """A learner that takes a drawn batch out of the buffer itself (:meth:`rapid.opt.learner.Learner.gather`): where
+    it stages batches, straight into its pinned arena, one host copy instead of two."""
+
+    def gather(self, arrays: dict[str, np.ndarray], chosen: np.ndarray) -> dict[str, np.ndarray]: ...
+
+
 class ReportPart(Protocol):
     """:class:`rapid.roles.optimizer_report.OptimizerReport` (metrics, the JSONL log, curves), or the scale
     model's tally."""
