@@ -258,3 +258,24 @@ def test_a_vtrace_update_on_cuda_equals_the_cpus():
         assert max(diffs.values()) < 1e-4, (k, diffs)
     worst = max((a.cpu() - b).abs().max().item() for a, b in zip(gpu.policy.parameters(), cpu.policy.parameters()))
     assert worst < 1e-4, worst
+
+
+@pytest.mark.cuda
+def test_batches_gathered_from_the_buffer_ahead_on_the_side_stream_train_as_the_numpy_path():
+    """The one-copy path on a GPU: each next batch gathered from the buffer's rows into the pinned arena during the
+    update before (the loop's draw-ahead) and copied on the side stream trains as the same rows handed over whole."""
+    batches = [played_batch(make_policy(), S=64, seed=s, reset_prob=0.3) for s in range(2)]
+    gathered_from, drawn_from = buffer_of(batches), buffer_of(batches)
+    ahead = Learner(make_policy(0, "cuda"), PPOConfig(lr=1e-3), "cuda", microbatch_samples=16)
+    plain = Learner(make_policy(0, "cuda"), PPOConfig(lr=1e-3), "cuda", microbatch_samples=16)
+    plain.pipeline.staging = False
+    draws = [np.random.default_rng(k) for k in range(5)]
+    batch, _ = gathered_from.sample(64, 1, draws[0], into=ahead.gather)
+    for k in range(4):
+        ahead.prefetch(lambda k=k: gathered_from.sample(64, 1, draws[k + 1], into=ahead.gather)[0])
+        want, _ = drawn_from.sample(64, 1, np.random.default_rng(k))
+        sa, sp = ahead.update(batch), plain.update({key: torch.as_tensor(v) for key, v in want.items()})
+        diffs = {key: abs(sa[key] - sp[key]) for key in ("policy_loss", "value_loss", "grad_norm")}
+        assert max(diffs.values()) < 1e-5, (k, diffs)
+        batch = ahead._ahead[0]
+    assert {slot.arena.is_pinned() for slot in ahead.pipeline.slots} == {True}
