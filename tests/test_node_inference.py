@@ -276,3 +276,43 @@ def test_a_rollout_worker_whose_node_server_cannot_start_says_why_in_one_line(tm
     assert lines[-1].startswith("rapid: InferenceUnavailable: the node's inference server could not start: rapid: "
                                 "error: rollout.inference_device = 'cuda' but this node has no CUDA device"), lines
     assert "Traceback" not in out.stderr
+
+
+def test_a_batch_of_several_policies_is_one_copy_back_and_answers_as_each_policy_alone(monkeypatch):
+    """Issue 59: a server batch held 3–5 policies, each its own gather, copies and wait for the device. Now every
+    row's inputs go over once and every answer comes back in one copy; each policy still decides its own rows
+    exactly as it would alone (answers, and the states it steps)."""
+    from rapid.opt.model import Policy
+    from rapid.rollout.inference_batch import Part, Staging, decide
+
+    torch.manual_seed(0)
+    policies = [Policy(obs_dim=3, action_heads=(4, 2), hidden=8, lstm=8) for _ in range(3)]
+    layout = SlotLayout(1, 9, 3, 6, 2, 8)
+    rng = np.random.default_rng(0)
+
+    def lane():
+        view = layout.views(bytearray(layout.size))[0]
+        view.obs[:], view.mask[:] = rng.normal(size=view.obs.shape), True
+        view.uniforms[:] = rng.random(view.uniforms.shape)
+        return view
+
+    together, alone = lane(), lane()
+    alone.obs[:], alone.uniforms[:] = together.obs, together.uniforms
+    rows = [np.array([0, 3, 6]), np.array([1, 4, 7]), np.array([2, 5, 8])]
+
+    def parts(view, k):  # policy k's rows in two requests, answered in slots 3k and 3k + 1 … 3k + 2
+        return [Part(view, position=3 * k, rows=rows[k][:1], state_rows=rows[k][:1]),
+                Part(view, position=3 * k + 1, rows=rows[k][1:], state_rows=rows[k][1:])]
+
+    h0, c0 = torch.randn(9, 8), torch.randn(9, 8)
+    h1, c1 = h0.clone(), c0.clone()
+    copies_back = []
+    real_cpu = torch.Tensor.cpu
+    monkeypatch.setattr(torch.Tensor, "cpu", lambda self, *a, **k: copies_back.append(1) or real_cpu(self, *a, **k))
+    decide([(policies[k], parts(together, k)) for k in range(3)], h0, c0, Staging(torch.device("cpu")))
+    assert len(copies_back) == 1, "one copy back for the batch's three policies"
+    for k in range(3):
+        decide([(policies[k], parts(alone, k))], h1, c1, Staging(torch.device("cpu")))
+    for name in ("actions", "logp", "value", "h", "c"):
+        assert np.array_equal(getattr(together, name), getattr(alone, name)), name
+    assert torch.equal(h0, h1) and torch.equal(c0, c1)

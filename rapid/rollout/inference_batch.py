@@ -1,7 +1,8 @@
-"""One forward pass of the node's inference server (:mod:`rapid.rollout.inference_server`) for every row one policy acts
-for in a batch. The rows' inputs are gathered from the workers' slots straight into one staging buffer per array
-(pinned host memory on CUDA, reused from batch to batch) and copied to the device once per array; the answers are
-packed on the device into one tensor and copied back once, which is the pass's one wait for the device.
+"""A batch of the node's inference server (:mod:`rapid.rollout.inference_server`): one forward pass for the rows
+each policy acts for. Every row's inputs, whatever policy it plays, are gathered from the workers' slots straight
+into one staging buffer per array (pinned host memory on CUDA, reused from batch to batch) and copied to the device
+once per array; each policy runs on its slice, and all the answers are packed on the device into one tensor and
+copied back once: the batch's one wait for the device, however many policies it holds.
 
     >>> import numpy as np, torch
     >>> from rapid.rollout.inference_wire import SlotLayout
@@ -10,7 +11,7 @@ packed on the device into one tensor and copied back once, which is the pass's o
     >>> view = SlotLayout(1, 4, 3, 4, 1, 8).views(bytearray(SlotLayout(1, 4, 3, 4, 1, 8).size))[0]
     >>> view.mask[:] = True
     >>> h, c = torch.zeros(4, 8), torch.zeros(4, 8)
-    >>> decide(policy, h, c, [Part(view, position=0, rows=np.array([1, 3]), state_rows=np.array([1, 3]))],
+    >>> decide([(policy, [Part(view, position=0, rows=np.array([1, 3]), state_rows=np.array([1, 3]))])], h, c,
     ...        Staging(torch.device("cpu")))
     >>> bool(h[1].abs().sum() > 0), bool(h[0].abs().sum() == 0)     # rows 1 and 3 stepped, the others kept
     (True, True)
@@ -74,19 +75,27 @@ class Staging:
         return staged.to(self.device, non_blocking=True) if self.pinned else staged
 
 
-def decide(policy: Policy, h: torch.Tensor, c: torch.Tensor, parts: list[Part], staging: Staging) -> None:
-    """Decide for every part's rows with ``policy``, stepping their states in ``h``, ``c`` (the server's, on its
-    device) and writing the answers into the parts' slots."""
+def decide(groups: list[tuple[Policy, list[Part]]], h: torch.Tensor, c: torch.Tensor, staging: Staging) -> None:
+    """Decide for every part's rows with its group's policy, stepping their states in ``h``, ``c`` (the server's, on
+    its device) and writing the answers into the parts' slots."""
+    parts = [p for _, group in groups for p in group]
+    if not parts:
+        return
     obs = staging.gather("obs", [(p.view.obs, p.rows) for p in parts], torch.float32)
     mask = staging.gather("mask", [(p.view.mask, p.rows) for p in parts], torch.bool)
     uniforms = staging.gather("uniforms", [(p.view.uniforms, p.rows) for p in parts], torch.float32)
     index = staging.put("index", np.concatenate([p.state_rows for p in parts]), torch.int64)
-    before = (h[index], c[index])
-    out = policy.act(obs, mask, before, uniforms=uniforms)
-    h[index], c[index] = out.state
-    # Actions are small integers, exact in float32: every answer travels back in one copy.
-    packed = torch.cat([out.actions.float(), out.logp[:, None], out.value[:, None], before[0], before[1]], 1)
-    answers = packed.cpu().numpy()
+    packs, start = [], 0
+    for policy, group in groups:
+        end = start + sum(len(p.rows) for p in group)
+        rows, at = slice(start, end), index[start:end]
+        before = (h[at], c[at])
+        out = policy.act(obs[rows], mask[rows], before, uniforms=uniforms[rows])
+        h[at], c[at] = out.state
+        # Actions are small integers, exact in float32: every answer of the batch travels back in one copy.
+        packs.append(torch.cat([out.actions.float(), out.logp[:, None], out.value[:, None], before[0], before[1]], 1))
+        start = end
+    answers = torch.cat(packs).cpu().numpy()
     heads, lstm = out.actions.shape[1], h.shape[1]
     start = 0
     for p in parts:

@@ -322,12 +322,18 @@ class InferenceServer:
             except (KeyError, TypeError, ValueError, IndexError) as e:
                 self._answer(p.worker, {"id": p.message.get("id"), "error": f"{type(e).__name__}: {e}"})
         failed: set[int] = set()
+        groups = []
         for key, parts in by_policy.items():
             try:
-                decide(self._policy(key), self.h, self.c, parts, self.staging)
-            except (KeyError, ValueError, IndexError, RuntimeError) as e:
+                groups.append((self._policy(key), parts))
+            except (KeyError, ValueError, IndexError, RuntimeError) as e:  # a past policy that cannot be loaded
                 log.warning("cannot decide for %s: %s", key, e)
                 failed.update(id(p) for p in owners[key])
+        try:
+            decide(groups, self.h, self.c, self.staging)
+        except (KeyError, ValueError, IndexError, RuntimeError) as e:
+            log.warning("cannot decide this batch: %s", e)
+            failed.update(id(p) for p in answers)
         busy = time.monotonic() - started
         for p in answers:
             reply = ({"id": p.message["id"], "error": "the server could not decide"} if id(p) in failed
