@@ -99,6 +99,10 @@ def parse_args(argv=None):
                         "grows the batch to use the rest)")
     p.add_argument("--inference", choices=("local", "node"), default="local",
                    help="rollout.inference: policy in each worker, or one server a node (fleet/node.py)")
+    p.add_argument("--real-workers", type=int, default=0, metavar="N",
+                   help="the first N workers are rapid's RolloutWorker on a stand-in game, every decision followed "
+                        "into its sample (fleet/realworker.py; local inference; ~50 ms of CPU a segment), the rest "
+                        "stand-ins")
     p.add_argument("--server-row-us", type=float, default=1.0, help="node server: µs a decision")
     p.add_argument("--server-pass-ms", type=float, default=0.5, help="node server: ms a pass (once a step)")
     p.add_argument("--segment-s", type=float, default=5.0, help="a worker's segment (versions swap between)")
@@ -130,6 +134,8 @@ def parse_args(argv=None):
         a.workers_per_node = 0
     if a.faults.server_killed and a.inference != "node":
         p.error("--fault server-killed needs --inference node")
+    if a.real_workers and a.inference != "local":
+        p.error("--real-workers plays with local inference (the node server's worker side is the stand-in's)")
     return a
 
 
@@ -146,7 +152,8 @@ def settings_of(a) -> Settings:
                     supply=a.supply, upload_s=cadence["upload_s"], param_poll_s=cadence["param_poll_s"],
                     publish_s=cadence["publish_s"], snapshot_every=a.snapshot_every,
                     checkpoint_every=a.checkpoint_every, max_backlog=a.max_backlog, inference=a.inference,
-                    server_row_s=a.server_row_us * 1e-6, server_pass_s=a.server_pass_ms * 1e-3)
+                    server_row_s=a.server_row_us * 1e-6, server_pass_s=a.server_pass_ms * 1e-3,
+                    real_workers=a.real_workers)
 
 
 def size_scale(a) -> dict:
@@ -184,6 +191,7 @@ def run_once(a, store_kind: str, out=print) -> dict:
         + (f"{s.workers_per_node} workers a node cache" if s.workers_per_node else "no node cache")
         + (f", one inference server a node ({s.server_pass_s * 1e3:g} ms a pass, {s.server_row_s * 1e6:g} µs a "
            f"decision, {s.decisions_per_segment:,} decisions a segment)" if s.inference == "node" else "")
+        + (f", {s.real_workers} of them rapid's RolloutWorker on a stand-in game" if s.real_workers else "")
         + (f"; faults: {', '.join(a.faults.names())}" if a.faults.names() else ""))
     out(f"scaling: {s.samples_per_segment} sample(s) a segment in memory; experience objects ×"
         f"{latency.size_scale['experience']:,.0f} → {a.object_mb:g} MB, params ×{latency.size_scale['params']:,.0f}"

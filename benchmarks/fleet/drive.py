@@ -10,6 +10,7 @@ arrival (the straggler sets the pace) plus the collective's cost in an α–β m
 from __future__ import annotations
 
 import math
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 
 from rapid.roles.steps import AllGather, AllReduce, Sleep, Until
@@ -115,3 +116,42 @@ def loop_actor(clock, loop, group: Group | None = None, rank: int = 0, on_end=No
                 reply = yield from group.meet(rank, request)
         else:
             raise TypeError(f"not a loop request: {request!r}")
+
+
+class SimStop:
+    """A role's stop flag in simulated time: a wait between retries moves the clock."""
+
+    def __init__(self, clock):
+        self.clock, self.reason = clock, None
+
+    def __bool__(self) -> bool:
+        return self.reason is not None
+
+    def set(self, reason: str) -> None:
+        self.reason = self.reason or reason
+
+    def wait(self, seconds: float) -> bool:
+        self.clock.charge(seconds)
+        return bool(self)
+
+
+class InlineDownloads(Executor):
+    """The loader's download pool, run inline; ``streams`` downloads in flight overlap, so each is charged
+    1/streams of its modelled latency."""
+
+    def __init__(self, clock, streams: int):
+        self.clock, self.streams = clock, max(1, streams)
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future: Future = Future()
+        self.clock.streams = self.streams
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # the loader reads it from the future, as from a pool thread
+            future.set_exception(e)
+        finally:
+            self.clock.streams = 1
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Nothing runs in the background."""

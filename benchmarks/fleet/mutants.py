@@ -99,6 +99,24 @@ MUTANTS = [
     mutant("key-time-in-seconds", "an experience key is named with the upload's time in seconds, not ms",
            "rapid/rollout/uploader.py", ("experience_key(shard, int(self.clock() * 1000),",
                                          "experience_key(shard, int(self.clock()),")),
+    # the learner's draw-ahead (OptimizerLoop._draw_ahead, run by the stand-in learner's prefetch)
+    mutant("ahead-after-fresh", "the loop waits for a fresh batch before taking the one drawn ahead", LOOP,
+           ("batch = pending or self._take_ahead() or (yield from self._wait_for_batch())",
+            "batch = pending or (yield from self._wait_for_batch()) or self._take_ahead()")),
+    mutant("ahead-staleness-not-aged", "a batch drawn ahead keeps the staleness it had when drawn", LOOP,
+           ("(ahead[0], ahead[1] + (self.version - self.ahead_version))", "(ahead[0], ahead[1])")),
+    mutant("ahead-guard-inverted", "the last-update guard inverted: a batch is drawn ahead only once stopping",
+           LOOP, ("        return bool(self.stop) or bool(self.cfg.run.updates",
+                  "        return not self.stop or bool(self.cfg.run.updates")),
+    # the rollout worker's own bookkeeping (RolloutWorker and Decisions, run by the small fleet's real workers)
+    mutant("sample-version-newest", "a sample is stamped with the newest version among its decisions",
+           "rapid/rollout/decisions.py", ('arrays["version"] = samples(seg["version"]).min(1)',
+                                          'arrays["version"] = samples(seg["version"]).max(1)')),
+    mutant("carry-not-kept", "a row's decision after its segment is copied forward but its count reset to 0",
+           "rapid/rollout/decisions.py", ("        self.n[carry] = 1\n", "")),
+    mutant("controllers-kept-after-game", "a finished game's new opponent and sides do not reset who controls "
+           "which agent", "rapid/rollout/worker.py",
+           ("        self._control = None\n        self.inference.reset", "        self.inference.reset")),
     # the optimizer's loader and buffer
     mutant("loader-forgets-seen", "the loader does not remember the keys it took", "rapid/optimizer/loader.py",
            ("            self._seen.add(key)\n            if self.decoder", "            if self.decoder")),

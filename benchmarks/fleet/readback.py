@@ -31,6 +31,7 @@ from rapid.run.store_map import CHECKPOINTS_PREFIX, parse_checkpoint_key, parse_
 
 from .lease import figures as lease_figures
 from .node import figures as node_figures
+from .realworker import figures as worker_figures
 from .report import MEASURE_FROM_S
 
 STOP_SPREAD_S = 10.0
@@ -127,11 +128,11 @@ def backlog_kept_older(fleet) -> int:
     for w in fleet.all_workers:
         if w.last_drop_at is None:
             continue
-        mine = set(w.source.produced)
-        newest_lost = max((i for i in mine if i not in stored), default=-1)
+        handed = {i: k for k, i in enumerate(w.source.produced)}  # in the order the worker handed them over
+        newest_lost = max((k for i, k in handed.items() if i not in stored), default=-1)
         for key in ledger.by_worker.get(w.id, ()):
             if visible[key] > w.last_drop_at:
-                out += sum(1 for i in ledger.samples[key].tolist() if i in mine and i < newest_lost)
+                out += sum(1 for i in ledger.samples[key].tolist() if handed.get(i, newest_lost) < newest_lost)
     return out
 
 
@@ -270,6 +271,12 @@ def readback(fleet, reached: float) -> dict:
         fig.update(part)
     fig.update(node_figures(fleet, reached))
     fig.update(lease_figures(fleet))
+    fig.update(worker_figures(fleet))
+    fig["ahead_dropped"] = sum(r.learner.ahead_dropped for r in fleet.ranks)
+    # the staleness the loop reported against each batch's as trained (the loop's version then)
+    fig["staleness_misreported"] = sum(abs(r.report.stale_sum - r.learner.stale_sum) for r in fleet.ranks)
+    # the share of rank 0's updates trained on the batch drawn during the update before (the draw-ahead ran)
+    fig["ahead_share"] = fleet.ranks[0].learner.ahead_used / max(1, fleet.ranks[0].learner.updates)
     fig["unreadable_objects"] = len(fleet.ledger.unreadable)
     fig["backlog_kept_older"] = backlog_kept_older(fleet)
     fig["bad_objects"] = sum(r.loader.stats.bad_objects for r in fleet.ranks)  # rapid's own uploads, all valid

@@ -91,6 +91,13 @@ BOUNDS = {
     "server_busy_share": ("<=", 0.9),
     "server_wait_max_s": ("<=", None),  # one segment
     "inference_restarts": ("<=", 0),
+    # rapid's RolloutWorker (realworker.py; 0 with the stand-in worker)
+    "decisions_unaccounted": ("<=", 0),
+    "samples_misstamped": ("<=", 0),
+    # the learner's draw-ahead: batches drawn during an update and never trained (standins.py SimLearner)
+    "ahead_dropped": ("<=", 0),
+    "ahead_share": (">=", 0.25),  # of rank 0's updates on the batch drawn ahead (rollout-bound: not all find one)
+    "staleness_misreported": ("<=", 0),  # samples' versions: the loop's report against the batch as trained
     # the run's lease (lease.py; 0 unless another optimizer takes the run)
     "writes_after_lease_lost": ("<=", 0),
     "lease_lost_stop_s": ("<=", 30.0),  # a renewal tick (ttl/4 = 15 s) and the ranks' agreement to stop

@@ -7,13 +7,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rapid.formats.experience import Shape
-from rapid.run.config import Config, LeagueConfig, OptimizerConfig, RolloutConfig, RunConfig
+from rapid.run.config import Config, LeagueConfig, ModelConfig, OptimizerConfig, RolloutConfig, RunConfig
 
 from .drive import Links
 from .standins import Costs
 
 SHAPE = Shape(bptt=16, obs_dim=8, mask_dim=4, heads=1, lstm=8)
 """A small sample (~1 KB encoded): object sizes are scaled up to the target in the latency model."""
+REAL_GAMES = 2
+"""Games a real worker plays at once (two agents each): up to one sample a row a segment."""
 
 
 def sample_arrays(n: int) -> dict[str, np.ndarray]:
@@ -54,6 +56,7 @@ class Settings:
     shards: int = 0  # experience shards (0: one per rank, as store.experience_shards)
     workers_per_node: int = 0  # workers sharing a node cache (0: none, every worker reads the store)
     inference: str = "local"  # or "node": one inference server a node (fleet/node.py)
+    real_workers: int = 0  # the first this many workers are rapid's RolloutWorker on a stand-in game (realworker.py)
     decisions_per_segment: int = 235_000  # a moba 5v5 worker's agent-steps in 5 s (47k/s: bench_rollout, H200)
     steps_per_segment: int = 735  # its env steps in those 5 s (32 games × 10 agents a step)
     server_pass_s: float = 0.5e-3  # a node server's pass, paid once a step whatever the batch (assumed split)
@@ -68,11 +71,16 @@ class Settings:
         batch is what arrives at a rank in ``update_s`` times the target reuse, over ``supply``: with more
         arriving than that, the balancer grows the batch (an update of a bigger batch moves more samples a
         second) until the learner uses what comes."""
-        per_rank = self.workers * self.samples_per_segment / self.segment_s / self.ranks
+        stand_ins = self.workers - min(self.real_workers, self.workers)
+        samples = stand_ins * self.samples_per_segment + (self.workers - stand_ins) * REAL_GAMES * 2  # a sample a row
+        per_rank = samples / self.segment_s / self.ranks
         batch = max(1, round(per_rank * self.update_s * self.target_reuse / self.supply))
         return Config(
             run=RunConfig(name="fleet"),
-            rollout=RolloutConfig(upload_interval_s=self.upload_s, param_poll_s=self.param_poll_s),
+            # a real worker's segment: one sample of SHAPE.bptt decisions a row, from a policy of SHAPE's memory
+            model=ModelConfig(hidden=16, encoder_layers=1, lstm=SHAPE.lstm),
+            rollout=RolloutConfig(bptt=SHAPE.bptt, samples_per_segment=1, upload_interval_s=self.upload_s,
+                                  param_poll_s=self.param_poll_s),
             optimizer=OptimizerConfig(batch_samples=batch, max_batch_samples=8 * batch,
                                       buffer_samples=max(64, int(8 * per_rank * self.upload_s)),
                                       max_staleness=self.max_staleness, target_reuse=self.target_reuse,

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import random
 import tempfile
-from concurrent.futures import Executor, Future
 
 import numpy as np
 
@@ -41,11 +40,12 @@ from rapid.run.param_store import ParameterStore
 from rapid.run.run_watch import RunWatch
 from rapid.run.store_map import PARAMS_LATEST, POOL_POINTER, read_layout, write_layout
 
-from .drive import Group, loop_actor
+from .drive import Group, InlineDownloads, SimStop, loop_actor
 from .faults import FAULT_AT_S, Faults
 from .lease import LeaseKeeping
 from .ledger import Ledger
 from .node import NodeServer, ServerLink
+from .realworker import RealSource
 from .report import MEASURE_FROM_S
 from .sched import Actor, OutOfTime, Scheduler
 from .settings import SHAPE, Settings, sample_arrays
@@ -55,45 +55,6 @@ MONITOR_S = 5.0  # how often the share of workers on a current version is sample
 STOP_GRACE_S = 30.0  # after the ranks are stopped: their last publish and the league's last fold
 QUIET = logging.getLogger("fleet.quiet")
 QUIET.setLevel(logging.CRITICAL)  # thousands of simulated processes: failures are counted, not logged
-
-
-class SimStop:
-    """A role's stop flag in simulated time: a wait between retries moves the clock."""
-
-    def __init__(self, clock):
-        self.clock, self.reason = clock, None
-
-    def __bool__(self) -> bool:
-        return self.reason is not None
-
-    def set(self, reason: str) -> None:
-        self.reason = self.reason or reason
-
-    def wait(self, seconds: float) -> bool:
-        self.clock.charge(seconds)
-        return bool(self)
-
-
-class InlineDownloads(Executor):
-    """The loader's download pool, run inline; ``streams`` downloads in flight overlap, so each is charged
-    1/streams of its modelled latency."""
-
-    def __init__(self, clock, streams: int):
-        self.clock, self.streams = clock, max(1, streams)
-
-    def submit(self, fn, /, *args, **kwargs) -> Future:
-        future: Future = Future()
-        self.clock.streams = self.streams
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except BaseException as e:  # the loader reads it from the future, as from a pool thread
-            future.set_exception(e)
-        finally:
-            self.clock.streams = 1
-        return future
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Nothing runs in the background."""
 
 
 class Worker:
@@ -116,8 +77,10 @@ class Worker:
             rng=random.Random(int(rng.integers(1 << 31))))
         sampler = OpponentSampler(League(reads, clock=clock.time), fleet.cfg.league, clock=clock.monotonic)
         games = s.games_per_upload * s.segment_s / s.upload_s
-        self.source = SimSource(clock, rng, fleet.template, sampler, s.segment_s, games, fleet.snapshot_failed,
-                                fleet.next_ids, link and (lambda seg: link.play(seg, s.decisions_per_segment)))
+        self.source: SimSource | RealSource = SimSource(
+            clock, rng, fleet.template, sampler, s.segment_s, games, fleet.snapshot_failed, fleet.next_ids,
+            link and (lambda seg: link.play(seg, s.decisions_per_segment))) if index >= s.real_workers else RealSource(
+            clock, s, fleet.cfg, sampler, fleet.next_ids, fleet.snapshot_failed, int(rng.integers(1 << 31)))
         self.stop = SimStop(clock)
         watch = RunWatch(reads, quiet_s=max(60.0, 3 * s.publish_s), clock=clock.time)
         self.loop = RolloutLoop(self.source, self.uploader, self.poller, watch, NullMetrics(), 2, 0.0, self.stop,
@@ -196,7 +159,8 @@ class Rank:
                                        download_threads=o.download_threads, mark_s=o.mark_s, clock=clock.time,
                                        downloads=InlineDownloads(clock, o.download_threads))
         self.learner = SimLearner(clock, np.random.default_rng(s.seed * 1000 + rank), s.update_s, o.batch_samples,
-                                  s.update_spread, s.ranks, s.grad_mb * 1e6, s.links, MEASURE_FROM_S, s.sim_s)
+                                  s.update_spread, s.ranks, s.grad_mb * 1e6, s.links, MEASURE_FROM_S, s.sim_s,
+                                  version_now=lambda: self.loop.version)
         self.writer = BackgroundWriter(on_done=self._job_done, start=False) if lead else None
         self.writer_jobs: list[tuple[str, float]] = []  # (kind, simulated seconds) of each job
         self.publish_lags: list[float] = []  # simulated seconds from a version's decision to its LATEST

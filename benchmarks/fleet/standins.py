@@ -9,6 +9,7 @@ JSON (:class:`Costs`, measured by ``benchmarks/fleet/costs.py``), each charged t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,15 @@ def weights_of(updates: int) -> dict[str, np.ndarray]:
 
 
 PARAM_TENSORS = weights_of(0)
+
+
+def check_weights(tensors: dict, meta: dict | None = None) -> bool:
+    """Raises ValueError for tensors that are not the stand-in's (as a policy refuses them); True when they are
+    the weights ``meta``'s update count says (always, without a meta)."""
+    if set(tensors) != set(PARAM_TENSORS):
+        raise ValueError("parameters do not match the model")
+    return meta is None or bool(np.all(tensors["w"] == meta.get("updates")))
+
 SAMPLE_ID = (slice(None), 0, 0)
 """Where a sample carries its id (``obs[:, 0, 0]``, exact in float32 below 2**24): the ledger follows each one
 from the source that made it through the store to the learner that trained it."""
@@ -123,10 +133,16 @@ class SimLearner:
     the optimizer step, the all-reduce; a batch 4× as large took 1.5–2× as long in BENCHMARKS' learner figures),
     spread by a rank's straggling (lognormal ``spread``), plus the gradient all-reduce of ``grad_bytes``.
     ``busy_s`` and ``samples`` sum the time spent updating and the samples updated on from ``measure_from``
-    (simulated seconds) to ``measure_to``."""
+    (simulated seconds) to ``measure_to``.
+
+    It draws ahead as rapid's ``Learner`` does (``prefetch``): the loop's ``draw`` runs once during the next
+    update, as its kernels are queued (its start, in simulated time), and the update after trains that very
+    batch. ``ahead_used`` counts the updates that did; ``ahead_dropped`` the samples of batches drawn ahead that
+    the next update did not train (a batch drawn ahead is marked used in the buffer: no other update takes it)."""
 
     def __init__(self, clock, rng, update_s: float, nominal_batch: int, spread: float, ranks: int,
-                 grad_bytes: float, links: Links, measure_from: float, measure_to: float):
+                 grad_bytes: float, links: Links, measure_from: float, measure_to: float,
+                 version_now: Callable[[], int] | None = None):
         self.clock, self.rng, self.update_s, self.spread = clock, rng, update_s, spread
         self.nominal_batch = nominal_batch
         self.allreduce_s = links.all_reduce_s(ranks, grad_bytes)
@@ -137,18 +153,33 @@ class SimLearner:
         self.busy_s = 0.0
         self.samples = 0
         self.trained: set[int] = set()  # ids of the samples this rank's updates took (read by the ledger)
+        self._draw: Callable[[], dict | None] | None = None
+        self._ahead: dict | None = None  # the batch the last draw returned
+        self.ahead_used = self.ahead_dropped = 0
+        self.version_now = version_now  # the loop's version: each batch's staleness as trained, beside the report's
+        self.stale_sum = 0
 
     def weights(self) -> dict[str, np.ndarray]:
         return weights_of(self.updates)
 
+    def prefetch(self, draw: Callable[[], dict | None]) -> None:
+        self._draw = draw
+
     def update(self, arrays: dict, progress: float) -> dict:
         start = self.clock.t()
+        if self._ahead is not None:
+            self.ahead_used += int(arrays is self._ahead)
+            self.ahead_dropped += 0 if arrays is self._ahead else len(self._ahead["version"])
+        draw, self._draw = self._draw, None
+        self._ahead = draw() if draw is not None else None
         spread = float(self.rng.lognormal(0.0, self.spread)) if self.spread else 1.0
         batch = int(arrays["version"].shape[0])
         self.clock.cpu(self.update_s * spread * (FIXED_SHARE + (1 - FIXED_SHARE) * batch / self.nominal_batch))
         self.clock.charge(self.allreduce_s)
         self.updates += 1
         self.trained.update(arrays["obs"][SAMPLE_ID].astype(np.int64).tolist())
+        if self.version_now is not None:
+            self.stale_sum += int((self.version_now() - arrays["version"]).sum())
         if self.measure_from <= start < self.measure_to:
             self.busy_s += self.clock.t() - start
             self.samples += batch
@@ -172,6 +203,7 @@ class SimReport:
         self.clock = clock
         self.versions, self.updates, self.failures = 0, 0, []
         self.staleness: dict[int, int] = {}
+        self.stale_sum = 0  # the staleness reported, summed over every sample (against SimLearner.stale_sum)
         self.version_at: dict[int, float] = {}  # version → when the loop made it (and queued its publish)
 
     def version(self, version: int) -> None:
@@ -180,6 +212,7 @@ class SimReport:
 
     def update(self, updates, version, stats, staleness, decision, wait_s) -> None:
         self.updates = updates
+        self.stale_sum += int(np.asarray(staleness).sum())
         for s in np.asarray(staleness).tolist():
             self.staleness[int(s)] = self.staleness.get(int(s), 0) + 1
 
@@ -230,9 +263,7 @@ class SimSource:
 
     def set_params(self, version: int, tensors: dict, meta: dict) -> None:
         if self.play is None:  # under node inference the server holds the weights (and checks them)
-            if set(tensors) != set(PARAM_TENSORS):
-                raise ValueError("parameters do not match the model")
-            self.wrong_weights += int(not np.all(tensors["w"] == meta.get("updates")))
+            self.wrong_weights += int(not check_weights(tensors, meta))
         self.version = version
         self.swaps.append((self.clock.t(), version))
 
