@@ -1,7 +1,8 @@
 """The mutation check of the scale model: plant each bug of ``benchmarks/fleet/mutants.py`` in a scratch copy of
 rapid, run the small fleets on it, and say which figure caught it.
 
-    python benchmarks/bench_mutants.py                  # every mutant, two fleets each, 2 at a time
+    python benchmarks/bench_mutants.py                  # every mutant, 2 at a time, up to two fleets each
+    python benchmarks/bench_mutants.py --every-fleet    # both fleets on every mutant: every figure that catches it
     python benchmarks/bench_mutants.py --only backlog-drops-newest --jobs 1
 
 rapid is copied as installed (``pyproject.toml``'s ``package-dir``: ``envs/`` as ``rapid/envs`` …) into a scratch
@@ -85,12 +86,15 @@ def run_fleet(code: Path, args: list[str], out: Path) -> tuple[str, list[str]]:
     return "ok", [line.split()[1] for line in json.loads(out.read_text())["failures"]]
 
 
-def check(scratch: Path, m: Mutant, baseline: dict[str, set[str]]) -> tuple[Mutant, list[str]]:
-    """What caught ``m``: "<figure> (<fleet>)" for each figure newly out of bound, or how the fleet ended."""
+def check(scratch: Path, m: Mutant, baseline: dict[str, set[str]], every_fleet: bool) -> tuple[Mutant, list[str]]:
+    """What caught ``m``: "<figure> (<fleet>)" for each figure newly out of bound, or how the fleet ended; the
+    fleets after the first that caught it run only with ``every_fleet`` (caught or missed is the same)."""
     code = install_copy(scratch / m.name)
     plant(code, m)
-    caught = []
+    caught: list[str] = []
     for fleet, args in FLEETS.items():
+        if caught and not every_fleet:
+            break
         how, failing = run_fleet(code, args, scratch / f"{m.name}-{fleet}.json")
         if how != "ok":
             caught.append(f"{how} ({fleet}: {'; '.join(failing)[:120]})" if failing else f"{how} ({fleet})")
@@ -105,6 +109,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", action="append", default=[], metavar="NAME", help="run only these mutants")
     p.add_argument("--min-score", type=float, default=0.9, help="exit 1 below this share caught")
     p.add_argument("--json", help="also write {mutant: [what caught it]} to this file")
+    p.add_argument("--every-fleet", action="store_true",
+                   help="run every fleet on every mutant (default: stop at the first fleet that catches it)")
     a = p.parse_args(argv)
     chosen = [m for m in MUTANTS if not a.only or m.name in a.only]
     started = time.perf_counter()
@@ -128,7 +134,7 @@ def main(argv=None) -> int:
             print(f"unmutated {fleet}: " + (", ".join(sorted(failing)) + " out of bound (not counted)"
                                             if failing else "every figure in bound"))
         with ThreadPoolExecutor(max(1, a.jobs)) as pool:
-            results = list(pool.map(lambda m: check(scratch, m, baseline), chosen))
+            results = list(pool.map(lambda m: check(scratch, m, baseline, a.every_fleet), chosen))
     caught = [m for m, by in results if by]
     for m, by in results:
         print(f"{'caught' if by else 'MISSED':<7} {m.name:<30} " + (", ".join(by) if by else m.what))
