@@ -142,7 +142,9 @@ def print_table(runs: dict[str, dict], out=print) -> None:
         use = ", ".join(f"{k} {v:.2f}" for k, v in sorted(f["cpu_by_use"].items(), key=lambda kv: -kv[1]))
         out(
             f"{n}: {f['workers']} workers on {f['cores']} cores, {f['cores_wanted']:.1f} processes wanting a core on "
-            f"average; the bottleneck is {f['bottleneck_text']} ({f['busy'][f['bottleneck']]:.0%} busy); "
+            f"average; the bottleneck is {f['bottleneck_text']}"
+            + (f" ({f['busy'][f['bottleneck']]:.0%} busy)" if f["bottleneck"] in f["busy"] else "")
+            + "; "
             f"CPU seconds a second by use: {use}"
         )
 

@@ -243,12 +243,15 @@ def percentile(hist: dict[int, int], q: float) -> float:
 
 
 WASTE_BOUND = 0.05
+SATURATED = 0.8
 RESOURCES = {
     "cores": "the cores",
     "optimizer": "the optimizer process's interpreter lock",
     "gpu": "the GPU",
     "server": "the node's inference server",
     "decoders": "the decode processes",
+    "pace": "no resource (none is 80% busy): the rollouts' pace, held low",
+    "none": "no resource (none is 80% busy)",
 }
 
 
@@ -270,6 +273,8 @@ def figures(box: Box) -> dict:
     wasted = (st.dropped_stale + st.evicted_unused) / st.received if st.received else 0.0
     side = ("optimizer", "gpu", "decoders") if wasted > WASTE_BOUND else ("cores", "server")
     bottleneck = max(side, key=lambda r: busy[r])
+    if busy[bottleneck] < SATURATED:  # no resource is full: what holds the run back is the rollouts' pace, if cut
+        bottleneck = "pace" if opt.loop.decision.pace < 0.9 else "none"
     tags = {t: v / until for t, v in clock.tags.items()}
     return {
         "setting": s.name,
