@@ -25,7 +25,7 @@ from fleet.settings import SHAPE, sample_arrays
 from fleet.sim import InlineDownloads, SimStop
 from fleet.standins import PARAM_TENSORS, NullMetrics, SimReport, checkpoint_of
 
-from rapid.formats.experience import ExperienceBatch, encode_experience
+from rapid.formats.experience import ExperienceBatch, Shape, encode_experience
 from rapid.opt.buffer import ExperienceBuffer
 from rapid.optimizer.loader import ExperienceLoader
 from rapid.optimizer.publisher import BackgroundWriter
@@ -33,6 +33,7 @@ from rapid.roles.optimizer_loop import OptimizerLoop, Timing
 from rapid.roles.optimizer_parts import Parts
 from rapid.roles.optimizer_settings import version_meta
 from rapid.roles.rollout_loop import RolloutLoop
+from rapid.roles.startup import env_spec
 from rapid.rollout.uploader import Uploader
 from rapid.run.param_store import ParameterStore
 from rapid.run.run_watch import RunWatch, quiet_s
@@ -173,6 +174,8 @@ class Optimizer:
             rng=np.random.default_rng(box.s.seed),
             clock=clock,
             gpu=box.s.gpu_ceiling,
+            # a simulated sample stands for `scale` real ones of the real game's shape: the buffer's memory bound
+            sample_bytes=box.s.scale * Shape.of(env_spec(cfg), bptt=cfg.rollout.bptt, lstm=cfg.model.lstm).sample_bytes,
         )
         start = box.sched.start
         start(Actor("optimizer", loop_actor(clock, self.loop.run()), process=self.process), 0.0)

@@ -26,8 +26,10 @@ The design (GA3C's run-time scheduling with Rapid's targets):
   that grow the batch) and samples go to waste, the optimizer asks the rollout workers to play a smaller share of
   their time (the ``pace`` each published version carries; Sample Factory throttles its sampler the same way): ×
   ``PACE_DOWN`` at most every ``pace_every_s`` (as long as a change takes to show in what arrives), down to
-  ``PACE_MIN``; once less than a batch waits, × ``PACE_UP`` back towards 1. What is produced is then trained rather
-  than dropped stale or evicted unused.
+  ``PACE_MIN``; once less than a batch waits, or the optimizer waited for data more than ``PACE_IDLE`` of the
+  window (arrivals come in bursts, one upload at a time: a look just after one sees a backlog a fast learner eats
+  at once), × ``PACE_UP`` back towards 1. What is produced is then trained rather than dropped stale or evicted
+  unused.
 - **Room.** A cut takes ``pace_every_s`` to show, and until it does the samples keep coming at the old pace: a
   buffer sized by hand (4,096 samples hold 0.3 s of what 14 workers of a GPU box send) overflows before any cut
   lands, and what it drops is wasted. So the buffer grows to hold what arrives over two looks of the pace
@@ -93,6 +95,8 @@ PACE_CUT = 0.25
 PACE_WASTE = 0.01
 """The share of samples going to waste (over the window) past which the rollouts are slowed."""
 PACE_MIN = 0.05
+PACE_IDLE = 0.25
+"""The share of the window the optimizer waited for data past which it can take more: the pace goes back up."""
 PACE_HIGH = 4
 """Batches of unused samples (at most half the buffer) past which the rollouts are slowed."""
 ROOM_LOOKS = 2
@@ -118,11 +122,12 @@ def buffer_wanted(arrival_per_s: float, capacity_per_s: float, pace_every_s: flo
 
 
 def next_pace(pace: float, backlog: float, batch: int, buffer: int, waste_share: float, falling: bool = False,
-              trainable: float | None = None) -> float:
+              trainable: float | None = None, idle_share: float = 0.0) -> float:
     """The share of their time the rollout workers should play: lower while more than ``PACE_HIGH`` batches (or half
     the buffer) wait unused and samples go to waste (a backlog a reuse target above 1
-    keeps is no reason), unless that backlog is already ``falling``; higher once less than a batch waits and
-    nothing goes to waste. A cut goes to ``trainable`` (the share of what arrives at this pace that the
+    keeps is no reason), unless that backlog is already ``falling``; higher once less than a batch waits, or the
+    optimizer waited for data more than ``PACE_IDLE`` of the time (``idle_share``), and nothing goes to waste.
+    A cut goes to ``trainable`` (the share of what arrives at this pace that the
     optimizer can train, when the arrivals measured were all played at it), at most ``PACE_CUT`` at once; else
     it is ``PACE_DOWN``.
 
@@ -136,6 +141,8 @@ def next_pace(pace: float, backlog: float, batch: int, buffer: int, waste_share:
     1.0
     >>> next_pace(0.4, backlog=100, batch=256, buffer=8192, waste_share=0.0)   # it drained
     0.5
+    >>> next_pace(0.4, backlog=600, batch=256, buffer=8192, waste_share=0.0, idle_share=0.6)   # a burst, eaten
+    0.5
     """
     high = min(PACE_HIGH * batch, buffer // 2)
     if backlog > high and waste_share > PACE_WASTE:
@@ -143,7 +150,7 @@ def next_pace(pace: float, backlog: float, batch: int, buffer: int, waste_share:
             return pace
         cut = PACE_DOWN if trainable is None else min(PACE_DOWN, max(PACE_CUT, trainable))
         return max(PACE_MIN, pace * cut)
-    if backlog < batch and waste_share <= PACE_WASTE:  # not while the window still shows waste: no swing
+    if (backlog < batch or idle_share > PACE_IDLE) and waste_share <= PACE_WASTE:  # no swing: not while it wastes
         return min(1.0, pace * PACE_UP)
     return pace
 
@@ -317,14 +324,15 @@ class Balancer:
             self._costs.append(busy_s / samples)
             self._size_busy_s += busy_s
 
-    def _pace_step(self, now: float, received: int, backlog: int, capacity: float, waste_share: float) -> None:
+    def _pace_step(self, now: float, received: int, backlog: int, capacity: float, waste_share: float,
+                   idle_share: float) -> None:
         """One look at the pace. Arrivals since the last look were all played at the pace in force if it had not
         changed in the look before (a change shows an upload later): then a cut can go straight to what trains."""
         since, got, held = self._pace_mark
         arrival = (received - got) / (now - since) if now > since else 0.0
         trainable = capacity / (arrival * self.s.target_reuse) if held and arrival > 0 and capacity > 0 else None
         pace = next_pace(self.pace, backlog, self.batch, self.buffer, waste_share,
-                         falling=backlog < self._pace_backlog, trainable=trainable)
+                         falling=backlog < self._pace_backlog, trainable=trainable, idle_share=idle_share)
         self._pace_mark = (now, received, self._pace_held and pace == self.pace)
         self._pace_held = pace == self.pace
         self.pace, self._pace_backlog, self._last_pace = pace, backlog, now
@@ -361,7 +369,7 @@ class Balancer:
                 self._grow(min(self.s.max_buffer, buffer_wanted(arrival, capacity, self.s.pace_every_s,
                                                                   self.s.fresh_s)))
         if self.s.buffer and now - self._last_pace >= self.s.pace_every_s:  # a start-up flood is the first to slow
-            self._pace_step(now, received, backlog, capacity, waste_share)
+            self._pace_step(now, received, backlog, capacity, waste_share, 1.0 - busy_share)
         measured = now - self._started >= self.s.window_s  # a start-up burst alone is no rate
         line = overload_line(arrival, capacity, self.s.target_reuse, waste_share,
                              self.batch >= self.ceiling) if measured else None
