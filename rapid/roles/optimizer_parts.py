@@ -40,8 +40,8 @@ class LearnerPart(Protocol):
 @runtime_checkable
 class Prefetching(Protocol):
     """A learner that draws its next batch during an update (:meth:`rapid.opt.learner.Learner.prefetch`): the
-    host draws and stages batch k + 1 while the device trains update k. The scale model's stand-in learner has
-    no device to stage on and is handed batches as they are drawn."""
+    host draws and stages batch k + 1 while the device trains update k. The scale model's stand-in learner draws
+    ahead the same way (it has no device to stage on), so the loop's draw-ahead runs there too."""
 
     def prefetch(self, draw: Callable[[], dict[str, np.ndarray] | None]) -> None:
         """``draw()`` is called once during the next update; an update handed what it returned uses it staged."""
