@@ -10,9 +10,17 @@ import pytest
 
 from rapid.roles import evaluator as evaluator_role
 from rapid.roles.evaluator import eval_interval_s, eval_wait_s
+from rapid.run import run_watch
 from rapid.run.config import EvalConfig
 from rapid.run.config_files import load_config
 from tests.test_cluster_walk import _finished_run
+
+
+@pytest.fixture(autouse=True)
+def prompt_rechecks(monkeypatch):
+    """An evaluator that found its run stopped asks the lease again 1, 2 and 4 s later before it exits (that wait is
+    tests/test_cluster_walk.py's to check); here it would add 7 s to every test of one round's games."""
+    monkeypatch.setattr(run_watch, "FIRST_RECHECK_S", 0.01)
 
 
 def _evaluate_once(tmp_path, *overrides: str) -> list[dict]:

@@ -207,10 +207,15 @@ def _run_with_version(tmp_path, *overrides):
     return cfg
 
 
-def test_the_evaluator_logs_a_ladder_rating_and_the_summary_shows_it(tmp_path):
+def test_the_evaluator_logs_a_ladder_rating_and_the_summary_shows_it(tmp_path, monkeypatch):
     from rapid.roles.evaluator import run_evaluator
     from rapid.roles.startup import StopFlag
+    from rapid.run import run_watch
     from rapid.run.progress import final_summary
+
+    # The run is stopped: the evaluator rates v0, then asks the lease again before it exits, 1, 2 and 4 s later
+    # by default (tests/test_cluster_walk.py checks that wait); at once here.
+    monkeypatch.setattr(run_watch, "FIRST_RECHECK_S", 0.01)
 
     cfg = _run_with_version(tmp_path, "eval.ladder={random = 0, lookahead = 560, lookahead2 = 640}",
                             "eval.ladder_games=6", "eval.ladder_interval_s=0.01")
