@@ -43,7 +43,7 @@ train: setup
 test: setup prometheus slurm chromium
 	$(VENV)/bin/ruff check .
 	$(PY) tests/typecheck.py
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q
 
 clean:
 	rm -rf $(VENV) runs
