@@ -13,6 +13,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from rapid.infra.store import LocalStore
 from rapid.optimizer.checkpoints import checkpoint_versions
 from rapid.run.param_store import ParameterStore
@@ -22,7 +24,8 @@ from tests.slurm_cluster import slurm  # noqa: F401  (pytest finds fixtures by n
 RUN_TOML = """
 [run]
 name = "slurm-walk"
-minutes = 0.3    # outlives the 2 s refresh of targets.json many times over (6 updates took 2 s in CI)
+minutes = 0.4    # outlives the 2 s refresh of targets.json many times over (6 updates took 2 s in CI),
+                 # and leaves the job killed mid-way time to resume and train on
 [env]
 num_games = 8
 [model]
@@ -60,44 +63,21 @@ def submit(slurm, tmp_path: Path, run_toml: str) -> str:  # noqa: F811
     return out.stdout.strip().split(";")[0]
 
 
-def test_the_sbatch_script_trains_and_its_tasks_are_scrapeable(slurm, tmp_path):  # noqa: F811
-    run_dir, store = tmp_path / "run", tmp_path / "store"
-    job = submit(slurm, tmp_path, RUN_TOML)
+@pytest.fixture(scope="module")
+def killed_job(slurm, tmp_path_factory):  # noqa: F811
+    """One submitted job, watched through its life: its three tasks' targets scraped while it runs, then, once it
+    has a checkpoint, its optimizer rank SIGKILLed, then the job's end. Each job costs half a minute of the two
+    cores; the tests below read what this one did (a clean job's end is the restarted optimizer's end)."""
+    tmp_path = tmp_path_factory.mktemp("slurm")
+    run_dir, store = tmp_path / "run", LocalStore(tmp_path / "store")
+    job = submit(slurm, tmp_path, RUN_TOML.replace("[optimizer]", "[optimizer]\ncheckpoint_every = 3"))
+    params = ParameterStore(store)
 
     def listed() -> list[dict]:
         path = run_dir / "metrics" / "targets.json"
         groups = json.loads(path.read_text()) if path.exists() else []
         roles = sorted(g["labels"]["role"] for g in groups)
         return groups if roles == ["optimizer", "rollout", "rollout"] else []
-
-    def job_log() -> str:
-        path = tmp_path / "job.out"
-        return path.read_text()[-4000:] if path.exists() else "(no job output yet)"
-
-    try:
-        try:
-            groups = wait_for(listed, 120, "the job's three tasks in targets.json")
-        except AssertionError as e:
-            raise AssertionError(f"{e}\n{job_log()}\n{slurm.logs()}") from None
-        for group in groups:
-            (target,) = group["targets"]
-            assert not target.startswith("127."), f"{target}: registered under loopback, unreachable off-node"
-            assert group["labels"]["run"] == "slurm-walk"
-            assert "rapid_process_start_time_seconds" in scrape(target)
-        wait_for(lambda: slurm.job_done(job), 180, "the job to end")
-    finally:
-        slurm.run("scancel", job)
-    assert "rapid optimizer finished (exit code 0)" in job_log(), job_log()
-    records = [json.loads(line) for line in (run_dir / "logs" / "optimizer.jsonl").read_text().splitlines()]
-    assert records[-1]["update"] >= 6 and records[-1]["samples_received"] > 0
-    assert ParameterStore(LocalStore(store)).latest_version() >= 1
-
-
-def test_an_optimizer_rank_killed_mid_job_is_started_again_from_its_checkpoint(slurm, tmp_path):  # noqa: F811
-    run_dir, store = tmp_path / "run", LocalStore(tmp_path / "store")
-    job = submit(slurm, tmp_path, RUN_TOML.replace("minutes = 0.3", "minutes = 0.4")
-                 .replace("[optimizer]", "[optimizer]\ncheckpoint_every = 3"))
-    params = ParameterStore(store)
 
     def job_log() -> str:
         path = tmp_path / "job.out"
@@ -112,6 +92,8 @@ def test_an_optimizer_rank_killed_mid_job_is_started_again_from_its_checkpoint(s
 
     try:
         try:
+            groups = wait_for(listed, 120, "the job's three tasks in targets.json")
+            scraped = {target: scrape(target) for group in groups for target in group["targets"]}
             wait_for(lambda: (params.latest_version() or 0) >= 4 and checkpoint_versions(store), 150,
                      "version 4 and a checkpoint")
         except AssertionError as e:
@@ -122,10 +104,29 @@ def test_an_optimizer_rank_killed_mid_job_is_started_again_from_its_checkpoint(s
         wait_for(lambda: slurm.job_done(job), 240, "the job to end")
     finally:
         slurm.run("scancel", job)
-    text = job_log()
+    return {"groups": groups, "scraped": scraped, "killed_at": killed_at, "log": job_log(), "run_dir": run_dir,
+            "params": params}
+
+
+def test_the_sbatch_script_trains_and_its_tasks_are_scrapeable(killed_job):
+    for group in killed_job["groups"]:
+        (target,) = group["targets"]
+        assert not target.startswith("127."), f"{target}: registered under loopback, unreachable off-node"
+        assert group["labels"]["run"] == "slurm-walk"
+        assert "rapid_process_start_time_seconds" in killed_job["scraped"][target]
+    text = killed_job["log"]
+    assert "rapid optimizer finished (exit code 0)" in text, text[-4000:]
+    records = [json.loads(line) for line in (killed_job["run_dir"] / "logs" / "optimizer.jsonl").read_text()
+               .splitlines()]
+    assert records[-1]["update"] >= 6 and records[-1]["samples_received"] > 0
+    assert killed_job["params"].latest_version() >= 1
+
+
+def test_an_optimizer_rank_killed_mid_job_is_started_again_from_its_checkpoint(killed_job):
+    text = killed_job["log"]
     assert re.search(r"retry WARNING the optimizer job exited with code \d+; restarting it from its newest "
                      r"checkpoint in 1 s", text), text[-4000:]
     resumed = re.search(r"resumed from checkpoint v\d+ \(update \d+\); next version (\d+)", text)
-    assert resumed and int(resumed.group(1)) > killed_at, text[-4000:]
+    assert resumed and int(resumed.group(1)) > killed_job["killed_at"], text[-4000:]
     assert "rapid optimizer finished (exit code 0)" in text, text[-4000:]
-    assert params.latest_version() > int(resumed.group(1)), "the restarted ranks trained on"
+    assert killed_job["params"].latest_version() > int(resumed.group(1)), "the restarted ranks trained on"
