@@ -8,9 +8,10 @@
 
 What runs is rapid's own code (``benchmarks/fleet/sim.py``): each simulated worker is a ``RolloutLoop`` with a
 real ``Uploader``, ``ParamPoller``, league ``OpponentSampler`` and node cache, its samples made by a stand-in
-source; each rank an ``OptimizerLoop`` with a real ``ExperienceLoader``, ``ExperienceBuffer`` and
-``Balancer``, a stand-in learner that takes ``--update-s`` (spread by stragglers) plus its gradient
-all-reduce, and collectives that complete when every rank has asked (α–β cost); rank 0 also a real
+source (or, for the first ``--real-workers``, by rapid's ``RolloutWorker`` on a stand-in game); each rank an
+``OptimizerLoop`` with a real ``ExperienceLoader``, ``ExperienceBuffer`` and ``Balancer``, a stand-in learner
+that takes ``--update-s`` (spread by stragglers) plus its gradient all-reduce and draws its next batch ahead as
+rapid's learner does, and collectives that complete when every rank has asked (α–β cost); rank 0 also a real
 ``BackgroundWriter`` and ``LeagueKeeper``. A discrete-event scheduler runs every thread's next step in order of
 simulated time, so 4,096 workers and 256 ranks fit on two cores. The CPU of decoding, listing, encoding and
 the pool's JSON is charged to the process that spends it (``fleet/costs.py`` measures it here).
