@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rapid.agents import cli as agent_cli
 from rapid.api import run_dir_config
-from rapid.errors import FormatError, UsageError
+from rapid.errors import FormatError, InferenceUnavailable, UsageError
 
 INVOKED = time.time()  # before torch is imported (by the commands): `rapid train`'s first minutes count from here
 
@@ -355,7 +355,6 @@ COMMANDS = {"train": cmd_train, "config": cmd_config, "eval": cmd_eval, "optimiz
 def main(argv: list[str] | None = None) -> int:
     from rapid.infra.identity import LayoutError
     from rapid.infra.store import StoreError
-    from rapid.rollout.inference_client import InferenceUnavailable
 
     args = build_parser().parse_args(argv)
     try:

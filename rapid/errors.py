@@ -7,6 +7,11 @@ class UsageError(Exception):
     exit_code = 2
 
 
+class InferenceUnavailable(RuntimeError):
+    """No inference server answers on this node, and none could be started (``rapid.rollout.inference_client``).
+    Here, not there, so that ``rapid``'s command line names it without importing torch first."""
+
+
 class FormatError(ValueError):
     """A stored object that is corrupt, truncated, oversized, of an unknown format or hostile.
 

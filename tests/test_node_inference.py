@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from rapid.envs.registry import make_env
+from rapid.errors import InferenceUnavailable
 from rapid.roles.startup import StopFlag, build_policy
 from rapid.rollout.inference import NODE_MIN_CORES, ActResult, LocalInference, inference_mode
-from rapid.rollout.inference_client import InferenceUnavailable, NodeClient, ServerVersions
+from rapid.rollout.inference_client import NodeClient, ServerVersions
 from rapid.rollout.inference_server import InferenceServer
 from rapid.rollout.inference_wire import SlotLayout, socket_address
 from rapid.rollout.worker import Lanes, RolloutSettings, RolloutWorker

@@ -11,7 +11,7 @@ How :func:`rapid.roles.rollout.build_worker` wires a worker to its node's server
 If no server answers, the client starts one (``spawn``) and waits for it; a server that dies mid-request costs the
 worker its running games (:class:`rapid.rollout.inference.InferenceLost`), and the next request connects again,
 to a server started afresh if need be. A server that cannot start is reported in one line
-(:class:`InferenceUnavailable`).
+(:class:`rapid.errors.InferenceUnavailable`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rapid.errors import InferenceUnavailable
 from rapid.infra.identity import env_outside_launchers
 from rapid.rollout.inference import ActRequest, ActResult, InferenceLost, concat_rows
 from rapid.rollout.inference_wire import BadMessage, Frames, SharedBlock, SlotLayout, connect, frame, socket_address
@@ -61,10 +62,6 @@ def spawn_server(cfg: Config, folder: Path) -> subprocess.Popen:
                                  str(folder / CONFIG_NAME)], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 env=env_outside_launchers(os.environ))
-
-
-class InferenceUnavailable(RuntimeError):
-    """No inference server answers on this node, and none could be started."""
 
 
 class OpponentUnavailable(ValueError):
