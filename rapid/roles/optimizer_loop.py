@@ -95,9 +95,9 @@ class OptimizerLoop:
         """The longest a version waited for rank 0's writer; past a round the ranks trained and agreed meanwhile."""
         self.waiting = WaitNotice(log, parts.store.describe(), clock.monotonic())
         self.prefetching = parts.learner if isinstance(parts.learner, Prefetching) else None
+        """The learner, where it draws the next batch during an update (the product's; the scale model's stand-in)."""
         self.gather = parts.learner.gather if isinstance(parts.learner, Gathering) else None
         """How a batch is taken out of the buffer: the learner's (one host copy where it stages), or the buffer's."""
-        """The learner, where it draws the next batch during an update (the product's; not the scale model's)."""
         self.ahead: tuple[dict, Any] | None = None
         """The batch drawn during the last update and its staleness then: the next one to train on."""
         self.ahead_version = version
