@@ -181,7 +181,8 @@ class OptimizerLoop:
     def _grow_buffer(self, decision: Decision) -> None:
         """Every rank's buffer to the room rank 0's balancer asked for (it holds what arrives while a pace takes to
         show: :func:`rapid.optimizer.balance.buffer_wanted`)."""
-        if decision.buffer and self.p.buffer.grow(decision.buffer) and self.lead:
+        # capacity first: once grown, every decision carries the room, and grow() takes the loader's lock
+        if decision.buffer > self.p.buffer.capacity and self.p.buffer.grow(decision.buffer) and self.lead:
             self.log.info("experience buffer grown to %s samples per rank (%.0f MiB): what arrives at %s samples/s "
                           "while a change of pace takes to show", f"{decision.buffer:,}",
                           decision.buffer * self.sample_bytes / 2**20, f"{decision.arrival_per_s:,.0f}")
