@@ -69,6 +69,16 @@ def test_each_fault_moves_its_figure_past_its_bound(fault, moved):
     assert {"unaccounted_samples", "rank_updates_spread"}.isdisjoint(failing(fig))
 
 
+def test_at_a_five_second_cadence_versions_keep_it_and_reach_every_worker():
+    """moba 5v5's cadence (5 s publishes and segments, 2 s polls): versions were counted from the update that
+    published them (one every 6-7 s with 1 s updates), and a worker took a new version only with what its poller
+    had fetched before the segment began (each version reached its workers after 6-13 s)."""
+    a = bench_fleet.parse_args(["--workers", "16", "--ranks", "2", "--minutes", "2", "--drain-s", "30",
+                                "--cadence", "moba-5v5"])
+    fig = bench_fleet.run_once(a, "model", out=lambda line: None)
+    assert 0.9 <= fig["publish_cadence"] <= 1.2 and fig["version_reach_share"] >= 0.95, fig["failures"]
+
+
 def test_an_optimizer_that_lost_its_lease_writes_nothing_more():
     """Rank 0 stopped on a lost lease used to publish its unpublished updates at its clean stop, a version among
     the new holder's (found by the model's lease-lost fault)."""

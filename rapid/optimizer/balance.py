@@ -191,6 +191,19 @@ def publish_due(now: float, last_publish: float, interval_s: float) -> bool:
     return now - last_publish >= interval_s
 
 
+def publish_mark(last_mark: float, now: float, interval_s: float) -> float:
+    """What the next interval counts from once a version is published at ``now``: the time it was due, so that
+    versions keep the configured cadence however long the update that published it took (counted from ``now``, a
+    5-s interval with 1-s updates gave one version every 6-7 s); ``now`` once more than an interval behind (a
+    stalled writer: no burst of versions to catch up).
+
+    >>> publish_mark(100.0, 106.2, 5.0), publish_mark(100.0, 112.0, 5.0)
+    (105.0, 112.0)
+    """
+    due = last_mark + interval_s
+    return due if now - due < interval_s else now
+
+
 def rate(points: deque[tuple[float, float]]) -> float:
     """Per-second rate of a cumulative count sampled at (time, count) points."""
     if len(points) < 2 or points[-1][0] <= points[0][0]:

@@ -33,7 +33,7 @@ from typing import Any
 from rapid.errors import FormatError
 from rapid.infra.store import StoreError
 from rapid.league import Tally
-from rapid.optimizer.balance import Balancer, Decision, publish_due
+from rapid.optimizer.balance import Balancer, Decision, publish_due, publish_mark
 from rapid.optimizer.checkpoints import save_checkpoint
 from rapid.optimizer.publisher import BackgroundWriter
 from rapid.roles.lockstep import Agreement, WaitNotice, balance_inputs, decision_of, decision_values
@@ -166,7 +166,9 @@ class OptimizerLoop:
                 continue
             # 3. publish (rank 0, on the background writer; the loop goes on training)
             if verdict.publish:
-                self.last_publish, self.published_updates = self.clock.monotonic(), p.learner.updates
+                now = self.clock.monotonic()
+                self.last_publish = publish_mark(self.last_publish, now, self.settings.publish_interval_s)
+                self.published_updates = p.learner.updates
                 yield from self._publish(checkpoint=self._checkpoint_due())
                 if not self.pool_interval_s:  # 4. league: the games pooled at each version (no interval of its own)
                     yield from self._pool_games()

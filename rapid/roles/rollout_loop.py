@@ -90,9 +90,11 @@ class RolloutLoop:
             for ep in segment.episodes:
                 m.episode(ep["learner_return"], ep["length"])
             m.pace(self.pace)
-            if pause > 0:  # at a slower pace the optimizer trains what is played instead of dropping it
-                self.paused_s += pause
-                yield Sleep(pause)  # before the swap: the next segment plays the newest version, not one a pause old
+            # At a slower pace the optimizer trains what is played instead of dropping it; the pause comes before
+            # the swap, so the next segment plays the newest version, not one a pause old. At full pace it is zero,
+            # still a turn for the threads beside the loop: its poller's fetch during the segment is taken now.
+            self.paused_s += pause
+            yield Sleep(pause)
             newer = self.poller.take()
             if newer is not None:  # swapped only between segments
                 m.param_version(self._swap(newer))
@@ -101,7 +103,6 @@ class RolloutLoop:
             if not self.poller.alive():
                 self.log.error("the parameter poller thread has died; stopping")
                 return 1
-            yield Sleep(0.0)
         return 0
 
     def _first_params(self):
