@@ -95,6 +95,7 @@ def parse_args(argv=None):
                    help="lognormal σ of a rank's update time (an assumption: a dedicated GPU's step time varies "
                         "by a few percent; the slowest of R ranks sets every update's pace)")
     p.add_argument("--target-reuse", type=float, default=1.0, help="optimizer.target_reuse")
+    p.add_argument("--max-staleness", type=int, default=8, help="optimizer.max_staleness")
     p.add_argument("--supply", type=float, default=1.3,
                    help="samples arriving ÷ what the stand-in learner takes at its smallest batch (the balancer "
                         "grows the batch to use the rest)")
@@ -150,6 +151,7 @@ def settings_of(a) -> Settings:
                     segment_s=a.segment_s, samples_per_segment=a.samples, games_per_upload=a.games,
                     drain_s=a.drain_s, seed=a.seed, skew_s=a.skew_s, slow_upload_s=a.slow_upload_s, churn=a.churn,
                     workers_per_node=a.workers_per_node, grad_mb=a.params_mb, target_reuse=a.target_reuse,
+                    max_staleness=a.max_staleness,
                     supply=a.supply, upload_s=cadence["upload_s"], param_poll_s=cadence["param_poll_s"],
                     publish_s=cadence["publish_s"], snapshot_every=a.snapshot_every,
                     checkpoint_every=a.checkpoint_every, max_backlog=a.max_backlog, inference=a.inference,

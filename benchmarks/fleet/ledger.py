@@ -31,6 +31,9 @@ from rapid.run.store_map import (
 
 from .standins import SAMPLE_ID
 
+OUTCOMES = {"learner": 0, "opponent": 1, "draw": 2}
+"""An episode's winner → its place in a member's (wins, losses, draws) of the learner."""
+
 
 @dataclass
 class Version:
@@ -44,12 +47,15 @@ class Ledger:
     shape: Shape
     samples: dict[str, np.ndarray] = field(default_factory=dict)  # experience key → the sample ids it holds
     games: dict[str, int] = field(default_factory=dict)  # experience key → the finished games it carries
+    # experience key → opponent → the learner's [wins, losses, draws] in the games it carries
+    results: dict[str, dict[str, list[int]]] = field(default_factory=dict)
     by_worker: dict[str, list[str]] = field(default_factory=dict)  # uploader's worker name → its experience keys
     versions: dict[int, Version] = field(default_factory=dict)
     latest: list[tuple[float, int]] = field(default_factory=list)  # (time, version) of each LATEST write
     checkpoints: list[tuple[float, int, int]] = field(default_factory=list)  # (time, version, updates)
     checkpoint_latest: list[tuple[float, int]] = field(default_factory=list)  # (time, version) of its pointer
     pool: list[tuple[float, int, int]] = field(default_factory=list)  # (time, revision, games in the pool)
+    past_since: float | None = None  # when a pool revision first held an active snapshot
     snapshots: dict[str, float] = field(default_factory=dict)  # snapshot id → when stored
     unreadable: list[str] = field(default_factory=list)
 
@@ -64,6 +70,10 @@ class Ledger:
             batch = decode_experience(data, self.shape)
             self.samples[key] = batch.arrays["obs"][SAMPLE_ID].astype(np.int64)
             self.games[key] = len(batch.episodes)
+            results: dict[str, list[int]] = {}
+            for ep in batch.episodes:
+                results.setdefault(ep["opponent"], [0, 0, 0])[OUTCOMES[ep["winner"]]] += 1
+            self.results[key] = results
             self.by_worker.setdefault(batch.worker, []).append(key)
         elif key == PARAMS_LATEST:
             self.latest.append((at, int(data.decode("ascii"))))
@@ -79,6 +89,8 @@ class Ledger:
         elif (revision := parse_pool_revision_key(key)) is not None:
             state = load_pool(data, key)
             self.pool.append((at, revision, state.latest_games + sum(m.games for m in state.members.values())))
+            if self.past_since is None and state.snapshots():
+                self.past_since = at
         elif key.startswith(SNAPSHOTS_PREFIX):
             decode_params(data)
             self.snapshots[key[len(SNAPSHOTS_PREFIX):].removesuffix(".rpm")] = at

@@ -29,6 +29,7 @@ from rapid.league import League
 from rapid.optimizer.checkpoints import load_checkpoint, load_latest_checkpoint
 from rapid.run.store_map import CHECKPOINTS_PREFIX, parse_checkpoint_key, parse_params_key
 
+from .checks import figures as check_figures
 from .lease import figures as lease_figures
 from .node import figures as node_figures
 from .realworker import figures as worker_figures
@@ -272,6 +273,7 @@ def readback(fleet, reached: float) -> dict:
     fig.update(node_figures(fleet, reached))
     fig.update(lease_figures(fleet))
     fig.update(worker_figures(fleet))
+    fig.update(check_figures(fleet, peek))
     fig["ahead_dropped"] = sum(r.learner.ahead_dropped for r in fleet.ranks)
     # the staleness the loop reported against each batch's as trained (the loop's version then)
     fig["staleness_misreported"] = sum(abs(r.report.stale_sum - r.learner.stale_sum) for r in fleet.ranks)

@@ -51,6 +51,8 @@ class IdGames(VecMultiAgentEnv):
         self.age = np.zeros(num_games, np.int64)
         self.ended = 0  # games finished: what the worker's segments must carry, counted where they end
         self.returns = np.zeros((num_games, 2), np.float64)
+        self.views: list[list[list[int]]] = [[[], []] for _ in range(num_games)]  # game → agent → its views' ids
+        self.finished: list[list[list[int]]] = []  # the views of each game ended, in the order they ended
 
     def _result(self, rewards, done, episodes) -> StepResult:
         B, A = self.num_games, 2
@@ -59,12 +61,16 @@ class IdGames(VecMultiAgentEnv):
             raise ValueError("sample ids past float32's exact range: run --worker real on a smaller fleet")
         obs = np.zeros((B, A, SHAPE.obs_dim), np.float32)
         obs[..., 0] = ids.reshape(B, A)
+        for b, pair in enumerate(ids.reshape(B, A).tolist()):
+            for a, i in enumerate(pair):
+                self.views[b][a].append(i)
         return StepResult(obs, np.ones((B, A, SHAPE.mask_dim), bool), rewards, done, np.zeros(B, bool),
                           np.ones((B, A), bool), episodes)
 
     def reset(self, seed: int | None = None) -> StepResult:
         self.age = self.rng.integers(0, self.game_steps, self.num_games)
         self.returns[:] = 0.0
+        self.views = [[[], []] for _ in range(self.num_games)]  # games begun afresh: none of them ended
         return self._result(np.zeros((self.num_games, 2), np.float32), np.zeros(self.num_games, bool), [])
 
     def step(self, actions: np.ndarray) -> StepResult:
@@ -77,6 +83,8 @@ class IdGames(VecMultiAgentEnv):
             sides = (float(self.returns[b, 0]), float(self.returns[b, 1]))
             episodes.append(EpisodeStats(b, winner_from_returns(sides), int(self.age[b]), sides))
             self.age[b], self.returns[b] = 0, 0.0
+            self.finished.append(self.views[b])
+            self.views[b] = [[], []]  # the views returned below are the next game's
         self.ended += len(episodes)
         return self._result(rewards, done, episodes)
 
@@ -89,9 +97,11 @@ class RecordingInference(LocalInference):
         super().__init__(policy, rows)
         self.learner_ids: list[list[int]] = [[] for _ in range(rows)]  # row → ids of its learner decisions
         self.decided_by: dict[int, int] = {}  # decision id → the version that made it
+        self.group_of: dict[int, str] = {}  # decision id → the policy asked for it (LATEST or a snapshot's id)
 
     def submit(self, request: ActRequest) -> None:
         for group in request.groups:
+            self.group_of.update(dict.fromkeys(request.obs[group.rows, 0].astype(np.int64).tolist(), group.key))
             if group.key == LATEST:
                 ids = request.obs[group.rows, 0].astype(np.int64).tolist()
                 for row, i in zip(group.rows.tolist(), ids):
@@ -146,7 +156,7 @@ class RealSource:
         self.swaps: list[tuple[float, int]] = []
         self.env, self.wrong_weights = env, 0
         self.handed: set[int] = set()  # decision ids in the samples handed over
-        self.repeated = self.foreign = self.misstamped = 0
+        self.repeated = self.foreign = self.misstamped = self.misplayed = 0
 
     @property
     def games(self) -> int:
@@ -175,7 +185,19 @@ class RealSource:
             self.repeated += sum(i in self.handed for i in sample)
             self.handed.update(sample)
         self.produced.extend(segment.arrays["obs"][SAMPLE_ID].astype(np.int64).tolist())
+        for ep in segment.episodes:
+            self.misplayed += int(not self._played_as_recorded(ep, self.env.finished.pop(0)))
         return segment
+
+    def _played_as_recorded(self, ep: dict, views: list[list[int]]) -> bool:
+        """Whether the game the episode record names was played so: every decision of the learner's side by the
+        learner's policy, every decision of the other by the opponent it names (the learner's again against
+        ``latest``; none asked of a policy for a bot)."""
+        groups = self.inference.group_of
+        side, opponent = ep["learner_side"], ep["opponent"]
+        theirs = None if opponent.startswith("bot:") else opponent
+        return (all(groups.get(i) == LATEST for i in views[side] if i in groups)
+                and all(groups.get(i) == theirs for i in views[1 - side]))
 
     def decision_figures(self) -> tuple[int, int]:
         """(learner decisions unaccounted, samples misstamped): a decision in no sample handed over although a
@@ -190,6 +212,9 @@ class RealSource:
 
 
 def figures(fleet) -> dict:
-    """The real workers' decision figures summed over every worker that ran (0 with the stand-in)."""
-    found = [w.source.decision_figures() for w in fleet.all_workers if isinstance(w.source, RealSource)]
-    return {"decisions_unaccounted": sum(f[0] for f in found), "samples_misstamped": sum(f[1] for f in found)}
+    """The real workers' decision figures summed over every worker that ran (0 with the stand-in), and their games
+    whose episode record names an opponent or a side other than the policies that played them."""
+    real = [w.source for w in fleet.all_workers if isinstance(w.source, RealSource)]
+    found = [source.decision_figures() for source in real]
+    return {"decisions_unaccounted": sum(f[0] for f in found), "samples_misstamped": sum(f[1] for f in found),
+            "games_misplayed": sum(source.misplayed for source in real)}

@@ -96,10 +96,16 @@ BOUNDS = {
     # rapid's RolloutWorker (realworker.py; 0 with the stand-in worker)
     "decisions_unaccounted": ("<=", 0),
     "samples_misstamped": ("<=", 0),
+    "games_misplayed": ("<=", 0),  # an episode record naming an opponent or a side other than who played it
     # the learner's draw-ahead: batches drawn during an update and never trained (standins.py SimLearner)
     "ahead_dropped": ("<=", 0),
     "ahead_share": (">=", 0.25),  # of rank 0's updates on the batch drawn ahead (rollout-bound: not all find one)
     "staleness_misreported": ("<=", 0),  # samples' versions: the loop's report against the batch as trained
+    # who played whom, and what the learner was given (checks.py)
+    "pool_results_off": ("<=", 0.01),  # of the games loaded (as pool_games_share: a fold may be in flight)
+    "past_share_z": ("<=", 4.0),  # standard errors from 1 - league.latest_prob
+    "repeat_swaps": ("<=", 0),
+    "trained_staleness_max": ("<=", None),  # optimizer.max_staleness, and one: a batch drawn ahead trains a version on
     # the run's lease (lease.py; 0 unless another optimizer takes the run)
     "writes_after_lease_lost": ("<=", 0),
     "lease_lost_stop_s": ("<=", 30.0),  # a renewal tick (ttl/4 = 15 s) and the ranks' agreement to stop
@@ -112,7 +118,8 @@ def bound_of(name: str, s) -> tuple[str, float | tuple[float, float]]:
     op, value = BOUNDS[name]
     if value is None:
         value = {"discovery_p99_s": s.upload_s, "server_wait_max_s": s.segment_s,
-                 "fold_lag_p99_s": s.upload_s + s.publish_s}.get(name, s.publish_s)
+                 "fold_lag_p99_s": s.upload_s + s.publish_s,
+                 "trained_staleness_max": s.max_staleness + 1}.get(name, s.publish_s)
     return op, value
 
 
@@ -267,6 +274,8 @@ def print_report(fig: dict, s, out=print) -> None:
         ("league fold lag p50 (s); games never folded", f"{fig['fold_lag_p50_s']:.1f}; {fig['unfolded_games']}"),
         ("rank 0's writer jobs (longest, s)", jobs),
         ("updates (rank 0)", fig["updates"]),
+        # no bound: a rank short of fresh samples may draw up to optimizer.max_reuse while its peers have plenty
+        ("reuse (draws ÷ samples trained, every rank)", f"{fig['reuse']:.2f}"),
         ("collectives; their cost; waits for stragglers (s)",
          f"{fig['collectives']}; {fig['collective_s']:.1f}; {fig['straggler_wait_s']:.1f}"),
         ("loader poll duration p50 / p99 (simulated s)", f"{fig['poll_s_p50']:.2f} / {fig['poll_s_p99']:.2f}"),

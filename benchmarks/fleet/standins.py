@@ -157,7 +157,8 @@ class SimLearner:
         self._ahead: dict | None = None  # the batch the last draw returned
         self.ahead_used = self.ahead_dropped = 0
         self.version_now = version_now  # the loop's version: each batch's staleness as trained, beside the report's
-        self.stale_sum = 0
+        self.stale_sum = self.stale_max = 0
+        self.drawn = 0  # samples trained on, a sample once per update that took it (÷ len(trained): the reuse)
 
     def weights(self) -> dict[str, np.ndarray]:
         return weights_of(self.updates)
@@ -178,8 +179,11 @@ class SimLearner:
         self.clock.charge(self.allreduce_s)
         self.updates += 1
         self.trained.update(arrays["obs"][SAMPLE_ID].astype(np.int64).tolist())
+        self.drawn += batch
         if self.version_now is not None:
-            self.stale_sum += int((self.version_now() - arrays["version"]).sum())
+            staleness = self.version_now() - arrays["version"]
+            self.stale_sum += int(staleness.sum())
+            self.stale_max = max(self.stale_max, int(staleness.max(initial=0)))
         if self.measure_from <= start < self.measure_to:
             self.busy_s += self.clock.t() - start
             self.samples += batch
