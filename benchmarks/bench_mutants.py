@@ -1,17 +1,18 @@
 """The mutation check of the scale model: plant each bug of ``benchmarks/fleet/mutants.py`` in a scratch copy of
 rapid, run the small fleets on it, and say which figure caught it.
 
-    python benchmarks/bench_mutants.py                  # every mutant, 2 at a time, up to two fleets each
+    python benchmarks/bench_mutants.py                  # every mutant, 2 at a time, up to three fleets each
     python benchmarks/bench_mutants.py --every-fleet    # both fleets on every mutant: every figure that catches it
     python benchmarks/bench_mutants.py --only backlog-drops-newest --jobs 1
 
 rapid is copied as installed (``pyproject.toml``'s ``package-dir``: ``envs/`` as ``rapid/envs`` …) into a scratch
 folder, once unmutated and once per mutant, and ``benchmarks/bench_fleet.py`` runs with ``PYTHONPATH`` pointing
-there (the model itself is never mutated). Two fleets: ``small`` (healthy, its cadence short enough that
+there (the model itself is never mutated). Three fleets: ``small`` (healthy, its cadence short enough that
 versions, snapshots, checkpoints and folds all happen in four minutes; four of its workers rapid's
 ``RolloutWorker`` on a stand-in game) and ``outage`` (the same with an
 experience-store outage that fills the uploaders' small backlogs, and node inference servers deciding the workers'
-actions). A mutant is caught when a figure that is
+actions), then ``lease-lost`` (another optimizer takes the run at second 120: the holder must stop and write
+nothing more). A mutant is caught when a figure that is
 in bound on the unmutated copy is out of bound on it, or when the fleet crashes or hangs on it. Exit 1 when
 the share caught is below ``--min-score``; exit 2 when a mutant's text is not found in rapid (a refactor moved
 it: update the mutant, never let it run unmutated).
@@ -41,7 +42,8 @@ SMALL = ["--workers", "32", "--ranks", "4", "--minutes", "4", "--upload-s", "10"
 # The outage fleet decides through node inference servers: the small one covers the workers' own pollers, and
 # four of its workers are rapid's RolloutWorker on a stand-in game (the worker's own bookkeeping).
 FLEETS = {"small": [*SMALL, "--real-workers", "4"],
-          "outage": [*SMALL, "--fault", "experience-outage=60", "--inference", "node"]}
+          "outage": [*SMALL, "--fault", "experience-outage=60", "--inference", "node"],
+          "lease-lost": [*SMALL, "--fault", "lease-lost"]}
 TIMEOUT_S = 180.0  # a fleet that runs this long on a mutant hangs (the unmutated one takes a few seconds)
 
 

@@ -8,6 +8,8 @@
   (``1 − latest_prob``, no bots in the model's league), in standard errors of that share.
 - ``repeat_swaps``: versions a worker was handed while it already played them (a poller that takes the version
   it has as a newer one: a wasted load, and under node inference a wasted fetch).
+- ``pool_reads_per_refresh``, ``latest_reads_per_poll``: the pool's pointer and ``params/LATEST`` as the workers
+  ask for them (:class:`Asked`, before the node's cache), per refresh and per poll interval;
 - ``trained_staleness_max``: the oldest sample an update trained, in versions behind the loop's (at most
   ``optimizer.max_staleness``, one more for a batch drawn ahead); ``reuse``: the times an update took a sample over
   the samples trained, over every rank (printed, not bounded: a rank short of fresh samples may draw up to
@@ -17,11 +19,48 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from rapid.errors import FormatError
-from rapid.infra.store import KeyNotFound
+from rapid.infra.store import DEFAULT_MAX_BYTES, KeyNotFound, Store
 from rapid.league import League
 from rapid.league.sampling import LATEST
+from rapid.run.store_map import PARAMS_LATEST, POOL_POINTER
+
+ASKED = (PARAMS_LATEST, POOL_POINTER)
+"""The pointers whose reads are counted where a worker asks for them."""
+
+
+class Asked(Store):
+    """A worker's reads (its node's cache, or the store) with the GETs of :data:`ASKED` counted as the worker asks,
+    before any cache: a reader that asks too often costs its node a read and a parse each time, even where the
+    cache spares the store."""
+
+    def __init__(self, inner: Store, counts: Counter):
+        self.inner, self.counts, self.url = inner, counts, getattr(inner, "url", "")
+
+    def get(self, key: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+        if key in ASKED:
+            self.counts[key] += 1
+        return self.inner.get(key, max_bytes)
+
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
+        return self.inner.list(prefix, start_after)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def put(self, key: str, data: bytes) -> None:
+        self.inner.put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        return self.inner.put_if_absent(key, data)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def describe(self) -> str:
+        return self.inner.describe()
 
 
 def pool_results(fleet, peek) -> dict:
@@ -75,5 +114,16 @@ def handed_and_trained(fleet) -> dict:
             "reuse": sum(ln.drawn for ln in learners) / max(1, sum(len(ln.trained) for ln in learners))}
 
 
-def figures(fleet, peek) -> dict:
-    return {**pool_results(fleet, peek), **past_share(fleet), **handed_and_trained(fleet)}
+def asked(fleet, reached: float) -> dict:
+    """Pool reads a worker asked for per ``league.refresh_s``, and ``params/LATEST`` reads per parameter poll
+    interval of the workers that poll (none under node inference: the node's server reads)."""
+    s, run_s = fleet.s, min(reached, fleet.s.sim_s)
+    worker_s = sum(min(w.left_at or run_s, run_s) - min(w.started_at, run_s) for w in fleet.all_workers)
+    polling_s = sum(min(w.left_at or run_s, run_s) - min(w.started_at, run_s) for w in fleet.all_workers
+                    if w.link is None)
+    return {"pool_reads_per_refresh": fleet.asked[POOL_POINTER] / max(1e-9, worker_s / fleet.cfg.league.refresh_s),
+            "latest_reads_per_poll": fleet.asked[PARAMS_LATEST] / max(1e-9, polling_s / s.param_poll_s)}
+
+
+def figures(fleet, peek, reached: float) -> dict:
+    return {**pool_results(fleet, peek), **past_share(fleet), **handed_and_trained(fleet), **asked(fleet, reached)}

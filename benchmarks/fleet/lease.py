@@ -2,10 +2,9 @@
 renews it every ``ttl_s / 4`` on an actor of its process; the workers' ``RunWatch`` reads it through their node's
 reads when versions stop coming.
 
-``RunLease.keep`` runs that renewal on a thread that waits in real time (``threading.Event.wait``), so it cannot
-run in simulated time; this actor does what one of its ticks does (renew; on losing the lease, set the stop flag
-with "lease lost"). The hook the product lacks: the tick as a public step (``renew_or_stop(stop) -> wait``), which
-``keep``'s thread and this actor would both call.
+``RunLease.keep`` runs that renewal on a thread that waits in real time (``threading.Event.wait``); this actor
+calls the same step, ``RunLease.tick`` (renew; on losing the lease, set the stop flag with "lease lost"; a store
+error is retried at the next tick), every ``ttl_s / 4`` of simulated time.
 
 The ``lease-lost`` fault: at ``FAULT_AT_S`` another optimizer, on a host whose clock runs a TTL ahead, finds the
 lease expired and takes the run (``RunLease.acquire``); rank 0's next renewal fails, it must stop, and no version
@@ -31,10 +30,7 @@ class LeaseKeeping:
 
     def _keep(self):
         stop = self.fleet.ranks[0].stop
-        while not stop:
-            if not self.lease.renew():
-                stop.set("lease lost")
-                return
+        while not stop and self.lease.tick(stop):
             yield self.fleet.clock.t() + TTL_S / 4
 
     def take_over(self):

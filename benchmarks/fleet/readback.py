@@ -238,7 +238,8 @@ def rank_figures(fleet, reached: float) -> dict:
     counts = [r.learner.updates for r in fleet.ranks]
     newest = max(ledger.versions, default=None)
     held = ledger.versions[newest].updates if newest is not None else None
-    unpublished = counts[0] - (held or 0) if reached >= s.sim_s else 0  # a run cut short never stopped
+    # a run cut short never stopped; one whose lease another optimizer took must write nothing more
+    unpublished = counts[0] - (held or 0) if reached >= s.sim_s and fleet.lease.taken_at is None else 0
     gathers = fleet.group.gathers if fleet.group else 0
     return {"ranks_stop_spread_s": spread, "rank_updates_spread": max(counts) - min(counts),
             "unpublished_updates": unpublished,
@@ -273,7 +274,7 @@ def readback(fleet, reached: float) -> dict:
     fig.update(node_figures(fleet, reached))
     fig.update(lease_figures(fleet))
     fig.update(worker_figures(fleet))
-    fig.update(check_figures(fleet, peek))
+    fig.update(check_figures(fleet, peek, reached))
     fig["ahead_dropped"] = sum(r.learner.ahead_dropped for r in fleet.ranks)
     # the staleness the loop reported against each batch's as trained (the loop's version then)
     fig["staleness_misreported"] = sum(abs(r.report.stale_sum - r.learner.stale_sum) for r in fleet.ranks)

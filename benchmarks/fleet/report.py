@@ -105,6 +105,8 @@ BOUNDS = {
     "pool_results_off": ("<=", 0.01),  # of the games loaded (as pool_games_share: a fold may be in flight)
     "past_share_z": ("<=", 4.0),  # standard errors from 1 - league.latest_prob
     "repeat_swaps": ("<=", 0),
+    "pool_reads_per_refresh": ("<=", 1.5),  # asked by the workers, before the node's cache
+    "latest_reads_per_poll": ("<=", 1.5),
     "trained_staleness_max": ("<=", None),  # optimizer.max_staleness, and one: a batch drawn ahead trains a version on
     # the run's lease (lease.py; 0 unless another optimizer takes the run)
     "writes_after_lease_lost": ("<=", 0),

@@ -18,6 +18,7 @@ store itself.
 
 from __future__ import annotations
 
+import collections
 import logging
 import random
 import tempfile
@@ -40,6 +41,7 @@ from rapid.run.param_store import ParameterStore
 from rapid.run.run_watch import RunWatch
 from rapid.run.store_map import PARAMS_LATEST, POOL_POINTER, read_layout, write_layout
 
+from .checks import Asked
 from .drive import Group, InlineDownloads, SimStop, loop_actor
 from .faults import FAULT_AT_S, Faults
 from .lease import LeaseKeeping
@@ -65,7 +67,7 @@ class Worker:
         self.fleet, self.id, self.process = fleet, f"w{index}", f"w{index}-{at:.0f}"
         rng = np.random.default_rng(int(fleet.rng.integers(1 << 31)))
         store = fleet.charged(fleet.store)
-        reads = fleet.node_store(index, store)
+        reads = Asked(fleet.node_store(index, store), fleet.asked)
         shards = 1 if fleet.faults.one_shard else (read_layout(store) or 1)
         self.uploader = Uploader(store, self.id, s.upload_s, s.max_backlog, shards=shards, clock=clock.time,
                                  on_drop=self._dropped,
@@ -259,6 +261,7 @@ class Fleet:
         self.current: list[float] = []  # share of live workers on the newest or previous version, per sample
         self.received_from = self.received_to = 0  # rank 0's samples received by the first minute, by the end
         self.poller_failures = self.snapshot_failures = self.churned = self.polls = 0
+        self.asked: collections.Counter = collections.Counter()  # pointer GETs the workers asked for (Asked)
         self.poll_s: list[float] = []  # simulated seconds each loader poll took
         self.all_workers: list[Worker] = []  # every worker that ever ran (churn replaces some)
         self._node_root = tempfile.mkdtemp(prefix="fleet-nodes-") if s.workers_per_node else ""

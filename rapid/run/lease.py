@@ -173,19 +173,24 @@ class RunLease:
             self.store.delete(lease_key(epoch - KEEP_EPOCHS))
         return True
 
+    def tick(self, stop) -> bool:
+        """One renewal of :meth:`keep`: False once the lease is lost, with ``stop`` set ("lease lost"). A store
+        outage is retried at the next tick: the holder keeps running, as it would without a lease."""
+        try:
+            if not self.renew():
+                log.error("another optimizer took this run's lease; stopping without a final checkpoint")
+                stop.set(LEASE_LOST)
+                return False
+        except StoreError as e:
+            log.warning("lease not renewed yet: %s", e)
+        return True
+
     def keep(self, stop) -> None:
-        """Renew every ``ttl_s / 4`` on a daemon thread; on losing the lease set ``stop`` ("lease lost").
-        A store outage is retried at the next tick: the holder keeps running, as it would without a lease."""
+        """:meth:`tick` every ``ttl_s / 4`` on a daemon thread, until the lease is lost or released."""
 
         def loop() -> None:
-            while not self._done.wait(self.ttl_s / 4):
-                try:
-                    if not self.renew():
-                        log.error("another optimizer took this run's lease; stopping without a final checkpoint")
-                        stop.set(LEASE_LOST)
-                        return
-                except StoreError as e:
-                    log.warning("lease not renewed yet: %s", e)
+            while not self._done.wait(self.ttl_s / 4) and self.tick(stop):
+                pass
 
         self._thread = threading.Thread(target=loop, name="run-lease", daemon=True)
         self._thread.start()
