@@ -63,6 +63,15 @@ def install_copy(dest: Path) -> Path:
     return dest
 
 
+def read_mutants(path: Path) -> list[Mutant]:
+    """Mutants from a JSON list of {"name", "what", "path", "edits": [[text, replacement], ...]}."""
+    rows = json.loads(path.read_text())
+    if not isinstance(rows, list):
+        raise ValueError("not a JSON list")
+    return [Mutant(str(r["name"]), str(r["what"]), str(r["path"]), tuple((str(a), str(b)) for a, b in r["edits"]))
+            for r in rows]
+
+
 def plant(root: Path, m: Mutant) -> None:
     path = root / m.path
     text = path.read_text()
@@ -109,12 +118,20 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", type=int, default=2, help="mutants run at once (each runs its fleets in turn)")
     p.add_argument("--only", action="append", default=[], metavar="NAME", help="run only these mutants")
+    p.add_argument("--mutants", metavar="FILE",
+                   help="a JSON list of other mutants to run instead of fleet/mutants.py's, each {\"name\", \"what\", "
+                        "\"path\", \"edits\": [[text, replacement], ...]} (a list planted by someone else)")
     p.add_argument("--min-score", type=float, default=0.9, help="exit 1 below this share caught")
     p.add_argument("--json", help="also write {mutant: [what caught it]} to this file")
     p.add_argument("--every-fleet", action="store_true",
                    help="run every fleet on every mutant (default: stop at the first fleet that catches it)")
     a = p.parse_args(argv)
-    chosen = [m for m in MUTANTS if not a.only or m.name in a.only]
+    try:
+        listed = MUTANTS if a.mutants is None else read_mutants(Path(a.mutants))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"error: --mutants {a.mutants}: {e}", file=sys.stderr)
+        return 2
+    chosen = [m for m in listed if not a.only or m.name in a.only]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fleet-mutants-") as tmp:
         scratch = Path(tmp)
