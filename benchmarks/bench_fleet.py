@@ -213,14 +213,18 @@ def run_once(a, store_kind: str, out=print) -> dict:
             print(f"  … simulated {at:7.0f} s of {s.sim_s + s.drain_s:.0f}, {fleet.sched.steps:,} steps, "
                   f"version {fleet.version}, {time.perf_counter() - started:.0f} s wall", file=sys.stderr, flush=True)
 
+    made: list[Fleet] = []
     try:
         with sim_clock.installed(clock):
             fleet = Fleet(s, store, meter, clock, a.faults)
+            made.append(fleet)
             fleet.run(progress)
             fig = figures(fleet, fleet.live_half, store.live())
             fig.update(readback(fleet, fleet.reached))
     finally:
         close()
+        for each in made:
+            each.close()
     fig["wall_s"], fig["cpu_s"] = time.perf_counter() - started, time.process_time() - cpu0
     fig["requests"] = {f"{f} {op}": sum(meter.requests[f, op, h] for h in (0, 1)) for f in FAMILIES for op in OPS
                        if meter.requests[f, op, 0] + meter.requests[f, op, 1]}

@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import logging
 import random
+import shutil
 import tempfile
 
 import numpy as np
@@ -351,6 +352,11 @@ class Fleet:
     def _half(self):
         self.live_half = self.store.live()  # live objects at half time: growth shows against the end's
         yield None
+
+    def close(self) -> None:
+        """Remove the node caches' folders (the figures are read from the store and the stand-ins, not from them)."""
+        if self._node_root:
+            shutil.rmtree(self._node_root, ignore_errors=True)
 
     def run(self, progress=None) -> None:
         """Run the fleet; ``progress(at)`` after each step may raise :class:`OutOfTime` to end it early (the
