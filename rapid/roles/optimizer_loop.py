@@ -166,8 +166,8 @@ class OptimizerLoop:
                 continue
             # 3. publish (rank 0, on the background writer; the loop goes on training)
             if verdict.publish:
-                now = self.clock.monotonic()
-                self.last_publish = publish_mark(self.last_publish, now, self.settings.publish_interval_s)
+                # the grid counts from the agreement that decided this version, not from its update's end
+                self.last_publish = publish_mark(self.last_publish, t_update, self.settings.publish_interval_s)
                 self.published_updates = p.learner.updates
                 yield from self._publish(checkpoint=self._checkpoint_due())
                 if not self.pool_interval_s:  # 4. league: the games pooled at each version (no interval of its own)
