@@ -4,7 +4,7 @@
   against the pool as last committed: the learner's wins, losses and draws against each member, the games against
   the latest policy; the summed difference over the games loaded.
 - ``past_share_z``: the share of games played against past snapshots once the workers could see one (a pool
-  revision holding one, a worker's refresh and an upload interval later) against the config's share
+  revision holding one, a worker's refresh, its node cache's and an upload interval later) against the config's share
   (``1 − latest_prob``, no bots in the model's league), in standard errors of that share.
 - ``repeat_swaps``: versions a worker was handed while it already played them (a poller that takes the version
   it has as a newer one: a wasted load, and under node inference a wasted fetch).
@@ -90,7 +90,9 @@ def past_share(fleet) -> dict:
     s, ledger, visible = fleet.s, fleet.ledger, fleet.meter.visible_at
     if ledger.past_since is None:
         return {"past_share_z": 0.0, "past_share": math.nan}
-    since = ledger.past_since + fleet.cfg.league.refresh_s + s.upload_s
+    # a worker's pool copy is up to a refresh old, and its node's copy of the pointer (a cache) one more
+    stale_s = fleet.cfg.league.refresh_s * (2 if s.workers_per_node else 1)
+    since = ledger.past_since + stale_s + s.upload_s
     past = games = 0
     for key, results in ledger.results.items():
         if visible.get(key, -math.inf) >= since:

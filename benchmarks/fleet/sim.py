@@ -259,7 +259,7 @@ class Fleet:
         self.ledger = Ledger(SHAPE)  # what the store was given, read back for the figures
         meter.on_stored = self.ledger.stored
         self._ids = 0
-        self.current: list[float] = []  # share of live workers on the newest or previous version, per sample
+        self.current: list[float] = []  # share of live workers on a current version (_monitor), per sample
         self.received_from = self.received_to = 0  # rank 0's samples received by the first minute, by the end
         self.poller_failures = self.snapshot_failures = self.churned = self.polls = 0
         self.asked: collections.Counter = collections.Counter()  # pointer GETs the workers asked for (Asked)
@@ -318,11 +318,15 @@ class Fleet:
     def _monitor(self):
         first = self.ranks[0].buffer.stats()  # health is measured after the first minute
         self.received_from = first.received - first.unused  # what waited then is the window's to use
+        # What a worker can have: a version is seen a poll and a node cache's copy of LATEST after it is named, and
+        # played from the segment after; at a publish interval shorter than that, more than the previous version.
+        lag_s = 2 * self.s.param_poll_s + self.s.segment_s
         while self.clock.t() < self.s.sim_s:
             live = [w.loop.version for w in self.workers.values() if not w.done]
             newest = self.ledger.newest_at(self.clock.t())  # LATEST as stored, not the loop's own count
             if live and newest is not None:
-                self.current.append(sum(v is not None and v >= newest - 1 for v in live) / len(live))
+                current = min(newest - 1, self.ledger.newest_at(self.clock.t() - lag_s) or 0)
+                self.current.append(sum(v is not None and v >= current for v in live) / len(live))
             yield self.clock.t() + MONITOR_S
 
     def _churn(self):
