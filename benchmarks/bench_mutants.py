@@ -8,7 +8,7 @@ rapid, run the small fleets on it, and say which figure caught it.
 rapid is copied as installed (``pyproject.toml``'s ``package-dir``: ``envs/`` as ``rapid/envs`` …) into a scratch
 folder, once unmutated and once per mutant, and ``benchmarks/bench_fleet.py`` runs with ``PYTHONPATH`` pointing
 there (the model itself is never mutated). Three fleets: ``small`` (healthy, its cadence short enough that
-versions, snapshots, checkpoints and folds all happen in four minutes; four of its workers rapid's
+versions, snapshots, checkpoints and folds all happen in four minutes; two of its workers rapid's
 ``RolloutWorker`` on a stand-in game) and ``outage`` (the same with an
 experience-store outage that fills the uploaders' small backlogs, and node inference servers deciding the workers'
 actions), then ``lease-lost`` (another optimizer takes the run at second 120: the holder must stop and write
@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--workers", "32", "--ranks", "4", "--minutes", "4", "--upload-s", "10", "--publish-s", "20",
          "--snapshot-every", "3", "--checkpoint-every", "20", "--workers-per-node", "8", "--max-backlog", "2"]
 # The outage fleet decides through node inference servers: the small one covers the workers' own pollers, and
-# four of its workers are rapid's RolloutWorker on a stand-in game (the worker's own bookkeeping).
-FLEETS = {"small": [*SMALL, "--real-workers", "4"],
+# two of its workers are rapid's RolloutWorker on a stand-in game (the worker's own bookkeeping).
+FLEETS = {"small": [*SMALL, "--real-workers", "2"],
           "outage": [*SMALL, "--fault", "experience-outage=60", "--inference", "node"],
           "lease-lost": [*SMALL, "--fault", "lease-lost"]}
 TIMEOUT_S = 180.0  # a fleet that runs this long on a mutant hangs (the unmutated one takes a few seconds)
