@@ -43,7 +43,8 @@ MUTANTS = [
     mutant("fold-own-tally-only", "rank 0 folds its own games, not the ranks' pooled ones", LOOP,
            ("        self.p.league.fold(Tally.merge(tallies))", "        self.p.league.fold(Tally.decode(mine))")),
     mutant("pool-clock-never-reset", "the fold interval's clock is never reset: the ranks pool every round", LOOP,
-           ("                self.last_pool = self.clock.monotonic()\n", "")),
+           ("                self.last_pool = interval_mark(self.last_pool, self.clock.monotonic(), "
+            "self.pool_interval_s)\n", "")),
     mutant("publish-due-args-swapped", "publish_due's time arguments swapped: never due", LOOP,
            ("publish_due(self.clock.monotonic(), self.last_publish,",
             "publish_due(self.last_publish, self.clock.monotonic(),")),

@@ -191,13 +191,14 @@ def publish_due(now: float, last_publish: float, interval_s: float) -> bool:
     return now - last_publish >= interval_s
 
 
-def publish_mark(last_mark: float, now: float, interval_s: float) -> float:
-    """What the next interval counts from once a version is published at ``now``: the last time on the grid of
-    intervals from ``last_mark`` that is not after ``now``. Versions keep the configured cadence however long the
-    rounds that publish them take (counted from ``now``, a 5-s interval with 1-s updates gave one version every
-    6-7 s), and a version published late takes the slots it missed: no burst of versions to catch up.
+def interval_mark(last_mark: float, now: float, interval_s: float) -> float:
+    """What the next interval counts from once a thing due every ``interval_s`` (a version, the ranks' pooling of
+    games) is done at ``now``: the last time on the grid of intervals from ``last_mark`` that is not after ``now``.
+    It keeps the configured cadence however long the rounds that do it take (counted from ``now``, a 5-s publish
+    interval with 1-s updates gave one version every 6-7 s), and one done late takes the slots it missed: no burst
+    to catch up.
 
-    >>> publish_mark(100.0, 106.2, 5.0), publish_mark(100.0, 112.0, 5.0), publish_mark(100.0, 100.5, 5.0)
+    >>> interval_mark(100.0, 106.2, 5.0), interval_mark(100.0, 112.0, 5.0), interval_mark(100.0, 100.5, 5.0)
     (105.0, 110.0, 100.0)
     """
     return last_mark + max(0.0, math.floor((now - last_mark) / interval_s)) * interval_s

@@ -33,7 +33,7 @@ from typing import Any
 from rapid.errors import FormatError
 from rapid.infra.store import StoreError
 from rapid.league import Tally
-from rapid.optimizer.balance import Balancer, Decision, publish_due, publish_mark
+from rapid.optimizer.balance import Balancer, Decision, interval_mark, publish_due
 from rapid.optimizer.checkpoints import save_checkpoint
 from rapid.optimizer.publisher import BackgroundWriter
 from rapid.roles.lockstep import Agreement, WaitNotice, balance_inputs, decision_of, decision_values
@@ -125,7 +125,7 @@ class OptimizerLoop:
                 yield from self._finish()
                 return self.exit_code
             if verdict.lead_values["pool"] > 0.5:  # league: every rank's games, pooled; rank 0 folds them off-loop
-                self.last_pool = self.clock.monotonic()
+                self.last_pool = interval_mark(self.last_pool, self.clock.monotonic(), self.pool_interval_s)
                 yield from self._pool_games()
             if not verdict.everyone_ready:
                 pending = batch
@@ -167,7 +167,7 @@ class OptimizerLoop:
             # 3. publish (rank 0, on the background writer; the loop goes on training)
             if verdict.publish:
                 # the grid counts from the agreement that decided this version, not from its update's end
-                self.last_publish = publish_mark(self.last_publish, t_update, self.settings.publish_interval_s)
+                self.last_publish = interval_mark(self.last_publish, t_update, self.settings.publish_interval_s)
                 self.published_updates = p.learner.updates
                 yield from self._publish(checkpoint=self._checkpoint_due())
                 if not self.pool_interval_s:  # 4. league: the games pooled at each version (no interval of its own)
