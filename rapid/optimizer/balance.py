@@ -200,7 +200,11 @@ def interval_mark(last_mark: float, now: float, interval_s: float) -> float:
 
     >>> interval_mark(100.0, 106.2, 5.0), interval_mark(100.0, 112.0, 5.0), interval_mark(100.0, 100.5, 5.0)
     (105.0, 110.0, 100.0)
+    >>> interval_mark(100.0, 103.0, 0.0)   # no interval (optimizer.balance off: versions every publish_every updates)
+    103.0
     """
+    if interval_s <= 0:
+        return now
     return last_mark + max(0.0, math.floor((now - last_mark) / interval_s)) * interval_s
 
 
