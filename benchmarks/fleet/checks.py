@@ -22,45 +22,37 @@ import math
 from collections import Counter
 
 from rapid.errors import FormatError
-from rapid.infra.store import DEFAULT_MAX_BYTES, KeyNotFound, Store
+from rapid.infra.store import KeyNotFound, Store
 from rapid.league import League
 from rapid.league.sampling import LATEST
 from rapid.run.store_map import PARAMS_LATEST, POOL_POINTER
+
+from .standins import StoreWrapper
 
 ASKED = (PARAMS_LATEST, POOL_POINTER)
 """The pointers whose reads are counted where a worker asks for them."""
 
 
-class Asked(Store):
+class Asked(StoreWrapper):
     """A worker's reads (its node's cache, or the store) with the GETs of :data:`ASKED` counted as the worker asks,
     before any cache: a reader that asks too often costs its node a read and a parse each time, even where the
     cache spares the store."""
 
     def __init__(self, inner: Store, counts: Counter):
-        self.inner, self.counts, self.url = inner, counts, getattr(inner, "url", "")
+        super().__init__(inner)
+        self.counts = counts
 
-    def get(self, key: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    def get(self, key: str, *args, **kwargs) -> bytes:
         if key in ASKED:
             self.counts[key] += 1
-        return self.inner.get(key, max_bytes)
+        return self.inner.get(key, *args, **kwargs)
 
-    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
-        return self.inner.list(prefix, start_after)
 
-    def exists(self, key: str) -> bool:
-        return self.inner.exists(key)
-
-    def put(self, key: str, data: bytes) -> None:
-        self.inner.put(key, data)
-
-    def put_if_absent(self, key: str, data: bytes) -> bool:
-        return self.inner.put_if_absent(key, data)
-
-    def delete(self, key: str) -> None:
-        self.inner.delete(key)
-
-    def describe(self) -> str:
-        return self.inner.describe()
+def worker_seconds(fleet, run_s: float, polling_only: bool = False) -> float:
+    """Seconds the workers ran up to ``run_s``, summed (``polling_only``: those that read parameters themselves,
+    not through a node server)."""
+    return sum(min(w.left_at or run_s, run_s) - min(w.started_at, run_s) for w in fleet.all_workers
+               if not polling_only or w.link is None)
 
 
 def pool_results(fleet, peek) -> dict:
@@ -120,9 +112,7 @@ def asked(fleet, reached: float) -> dict:
     """Pool reads a worker asked for per ``league.refresh_s``, and ``params/LATEST`` reads per parameter poll
     interval of the workers that poll (none under node inference: the node's server reads)."""
     s, run_s = fleet.s, min(reached, fleet.s.sim_s)
-    worker_s = sum(min(w.left_at or run_s, run_s) - min(w.started_at, run_s) for w in fleet.all_workers)
-    polling_s = sum(min(w.left_at or run_s, run_s) - min(w.started_at, run_s) for w in fleet.all_workers
-                    if w.link is None)
+    worker_s, polling_s = worker_seconds(fleet, run_s), worker_seconds(fleet, run_s, polling_only=True)
     return {"pool_reads_per_refresh": fleet.asked[POOL_POINTER] / max(1e-9, worker_s / fleet.cfg.league.refresh_s),
             "latest_reads_per_poll": fleet.asked[PARAMS_LATEST] / max(1e-9, polling_s / s.param_poll_s)}
 

@@ -30,6 +30,7 @@ from rapid.optimizer.checkpoints import load_checkpoint, load_latest_checkpoint
 from rapid.run.store_map import CHECKPOINTS_PREFIX, parse_checkpoint_key, parse_params_key
 
 from .checks import figures as check_figures
+from .checks import worker_seconds
 from .lease import figures as lease_figures
 from .node import figures as node_figures
 from .realworker import figures as worker_figures
@@ -255,7 +256,7 @@ def request_figures(fleet, reached: float) -> dict:
     run_s = min(reached, s.sim_s)
     latest = sum(m.requests["params/LATEST", "GET", h] for h in (0, 1))
     fetched = [n for key, n in m.gets_by_key.items() if parse_params_key(key) is not None]
-    worker_s = sum(min(w.left_at or run_s, run_s) - min(w.started_at, run_s) for w in fleet.all_workers)
+    worker_s = worker_seconds(fleet, run_s)
     return {"latest_gets_per_node_poll": latest / max(1e-9, nodes * run_s / s.param_poll_s),
             "version_gets_per_node": sum(fetched) / max(1, nodes * len(fetched)),
             # a worker lists once as it starts (has the run an optimizer?), then only when versions stop coming

@@ -101,9 +101,9 @@ class RecordingInference(LocalInference):
 
     def submit(self, request: ActRequest) -> None:
         for group in request.groups:
-            self.group_of.update(dict.fromkeys(request.obs[group.rows, 0].astype(np.int64).tolist(), group.key))
+            ids = request.obs[group.rows, 0].astype(np.int64).tolist()
+            self.group_of.update(dict.fromkeys(ids, group.key))
             if group.key == LATEST:
-                ids = request.obs[group.rows, 0].astype(np.int64).tolist()
                 for row, i in zip(group.rows.tolist(), ids):
                     self.learner_ids[row].append(i)
                     self.decided_by[i] = self.version
