@@ -168,7 +168,10 @@ def run_dir_config(run_dir: str | os.PathLike | None, extra: Sequence[str] = ())
         raise UsageError(f"{run_dir}: no such run directory")
     if not path.is_file():
         raise UsageError(f"{run_dir} is not a run directory (no config.toml)")
-    return load_config(path, [f'run.dir="{Path(run_dir).as_posix()}"', *extra])
+    cfg = load_config(path, [f'run.dir="{Path(run_dir).as_posix()}"', *extra])
+    if cfg.pbt.member >= 0:  # a population member's folder, members/m<K>: run.dir names the population's
+        cfg.run.dir = Path(run_dir).parent.parent.as_posix()
+    return cfg
 
 
 @dataclass

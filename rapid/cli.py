@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no live progress line")
     p.add_argument("--in-process", action="store_true",
                    help="the same roles as threads of this one process (for a debugger and fast tests)")
+    p.add_argument("--pbt", type=int, metavar="N", help="a population of N members, each a whole run, that play "
+                   "each other and copy the best on the ladder (pbt.members; docs/pbt.md)")
 
     p = sub.add_parser("config", help="show the effective configuration")
     p.add_argument("action", choices=["show"])
@@ -151,8 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     for command in league_cli.build_parser(sub):
         _run_dir_arg(command)
         command.add_argument("--store", help="store URL of the run instead of --run-dir, e.g. s3://bucket/run")
+    from rapid.roles import pbt_cli
     from rapid.surgery import cli as surgery_cli
 
+    pbt_cli.add_arguments(sub.add_parser("pbt", help=pbt_cli.HELP), _run_dir_arg)
     surgery_cli.add_arguments(sub.add_parser("surgery", help=surgery_cli.HELP, description=surgery_cli.__doc__,
                                              formatter_class=argparse.RawDescriptionHelpFormatter))
     return parser
@@ -169,6 +173,7 @@ def cmd_train(args) -> int:
 
     extra = [f"run.{k}={v}" for k, v in (("minutes", args.minutes), ("updates", args.updates),
                                          ("num_workers", args.workers)) if v is not None]
+    extra += [f"pbt.members={args.pbt}"] if args.pbt is not None else []
     resume = args.resume
     if resume == "auto":
         if not args.run_dir:
@@ -180,6 +185,10 @@ def cmd_train(args) -> int:
         cfg = load(args, extra + ([f'run.dir="{args.run_dir}"'] if args.run_dir else []))
         if not cfg.run.dir:  # no directory asked for: a fresh one, never someone's earlier run
             cfg.run.dir = fresh_run_dir(cfg.run.name)
+    if cfg.pbt.members and cfg.pbt.member < 0:  # the population; a member (pbt.member = K) is a run
+        from rapid.roles.pbt_launcher import run_population
+
+        return run_population(cfg, resume=bool(resume), show_progress=not args.no_progress)
     return run_train(cfg, resume=resume, show_progress=not args.no_progress,
                      in_process=args.in_process, started=INVOKED).exit_code
 
@@ -340,6 +349,12 @@ def _league_play_match(cfg, store):
     return play
 
 
+def cmd_pbt(args) -> int:
+    from rapid.roles import pbt_cli
+
+    return pbt_cli.run(args, run_dir_config(args.run_dir) if args.run_dir else None)
+
+
 def cmd_surgery(args) -> int:
     from rapid.surgery import cli as surgery_cli
 
@@ -349,7 +364,8 @@ def cmd_surgery(args) -> int:
 COMMANDS = {"train": cmd_train, "config": cmd_config, "eval": cmd_eval, "optimizer": cmd_role,
             "rollout": cmd_role, "evaluator": cmd_role, "inference": cmd_role,
             "retry": cmd_retry, "report": cmd_report, **agent_cli.COMMANDS,
-            "monitor": cmd_monitor, "league": cmd_league, "surgery": cmd_surgery}
+            "monitor": cmd_monitor, "league": cmd_league, "surgery": cmd_surgery,
+            "pbt": cmd_pbt}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -127,6 +127,8 @@ class ResumePoint:
     """The version whose weights (and, from a checkpoint, Adam state) were loaded."""
     checkpoint: bool
     """True: checkpoint ``loaded``; False: published version ``loaded`` with a fresh optimizer state."""
+    meta: dict = field(default_factory=dict)
+    """The loaded checkpoint's meta (a population member's state: rapid/roles/pbt_member.py)."""
 
 
 def newest_version_in_use(store: Store) -> int | None:
@@ -223,7 +225,8 @@ def resume_point(store: Store, policy, adam: torch.optim.Optimizer, log: logging
         except _UNUSABLE as e:
             log.warning("checkpoint v%d is not usable (%s); trying an older one", version, e)
             continue
-        return ResumePoint(max(newest, ckpt.version), ckpt.updates, f"checkpoint v{ckpt.version}", ckpt.version, True)
+        return ResumePoint(max(newest, ckpt.version), ckpt.updates, f"checkpoint v{ckpt.version}", ckpt.version, True,
+                           ckpt.meta)
     adam.load_state_dict(fresh)  # a half-loaded bad checkpoint leaves nothing behind
     for version in [v for v in sorted(ParameterStore(store).versions(), reverse=True) if v >= floor][
             :PUBLISHED_FALLBACKS]:

@@ -15,13 +15,16 @@ from rapid.envs.registry import make_env
 from rapid.errors import FormatError
 from rapid.infra.store import StoreError
 from rapid.league import League, PoolConflict, rate_games, rating_of, version_id
+from rapid.league.population import Fitness
 from rapid.monitoring.metrics import EvaluatorMetrics
 from rapid.roles.curves import open_curves
+from rapid.roles.pbt_member import open_population
 from rapid.roles.startup import JsonlLog, StopFlag, build_policy, open_run_store, setup_logging, start_metrics
 from rapid.run.config import Config, EvalConfig
 from rapid.run.ladder import Ladder
 from rapid.run.matches import MatchScore, PolicyPlayer, batch_size, load_policy, play_match
 from rapid.run.param_store import ParameterStore
+from rapid.run.population import PopulationStore
 from rapid.run.run_watch import RunWatch, quiet_s
 
 
@@ -40,6 +43,7 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
     pool_env = make_env(cfg.env.name, num_games=batch_size(pool_games), seed=cfg.run.seed + 99992,
                         options=cfg.env.options) if pool_games else None
     ladder = open_ladder(cfg)
+    population = open_population(cfg, log) if cfg.pbt.member >= 0 else None  # a member's rating is its fitness
     out = JsonlLog(f"{cfg.derive().run_dir}/logs/eval.jsonl")
     curves = open_curves(cfg.derive().run_dir, "evaluator", cfg.run.name, cfg.metrics.tensorboard, cfg.metrics.wandb)
     last, rounds, evaluator_started = -1, 0, time.time()
@@ -67,6 +71,8 @@ def run_evaluator(cfg: Config, stop: StopFlag | None = None) -> int:
             if ladder is not None and time.time() - laddered_at >= cfg.eval.ladder_interval_s:
                 laddered_at = time.time()
                 rating.update(_play_ladder(cfg, ladder, policy, version, rounds, metrics, out, log))
+                if population is not None:
+                    _report_fitness(population, cfg.pbt.member, version, rating, log)
             if rating.get("rating") is not None:
                 metrics.rating(version_id(version), rating["rating"], rating["rating_sigma"])
             if curves is not None:
@@ -145,6 +151,14 @@ def _play_ladder(cfg: Config, ladder: Ladder, policy, version: int, rounds: int,
         log.info(line)
     return {"ladder_rating": result.estimate.rating, "ladder_sigma": result.estimate.sigma,
             **{f"ladder_win_rate/{k}": s.win_rate for k, s in result.scores.items()}}
+
+
+def _report_fitness(population: PopulationStore, member: int, version: int, rating: dict, log) -> None:
+    """The member's newest ladder rating, for the population's next round (a store error: the next rating)."""
+    try:
+        population.write_fitness(member, Fitness(version, rating["ladder_rating"], rating["ladder_sigma"], time.time()))
+    except StoreError as e:
+        log.warning("pbt: the fitness of v%d is not stored: %s", version, e)
 
 
 def curve_tag(opponent: str, mode: str) -> str:

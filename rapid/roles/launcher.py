@@ -35,7 +35,7 @@ from rapid.infra.store import StoreError
 from rapid.monitoring.metrics import LauncherMetrics
 from rapid.optimizer.decode_pool import auto_workers
 from rapid.roles.box_plan import BoxPlan, cpu_sets, describe, plan_box
-from rapid.roles.restarts import RestartPolicy
+from rapid.roles.restarts import EXPLOITED, RestartPolicy
 from rapid.roles.start_point import Resume
 from rapid.roles.startup import StopFlag, check_run_dir, log_to_file, open_run_store, rollout_seed, start_metrics
 from rapid.rollout.inference import inference_mode
@@ -164,15 +164,15 @@ def default_workers() -> int:
     return plan_box(usable_cpus(), False, False, 0, False).workers
 
 
-def holds_run(run_dir: Path) -> bool:
-    """Whether a run directory's local store holds a run (published parameters)."""
-    params = run_dir / "store" / "params"
+def holds_run(run_dir: Path, store: Path | None = None) -> bool:
+    """Whether a run directory's local store (or ``store``) holds a run (published parameters)."""
+    params = (run_dir / "store" if store is None else store) / "params"
     return params.is_dir() and any(params.iterdir())
 
 
 def prepare_run_dir(cfg: Config, resume: bool) -> Path:
     run_dir = Path(cfg.derive().run_dir)
-    has_params = holds_run(run_dir)
+    has_params = holds_run(run_dir, Path(cfg.derive().store_url) if cfg.pbt.member >= 0 else None)  # a member's
     if resume and not has_params:
         raise UsageError(f"--resume: {run_dir} holds no run to resume")
     if not resume and has_params:
@@ -336,8 +336,9 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_
                     why = optimizer.stopped_by()
                     reason = verdict.line or (f"stopped by {why}" if why else reason)
                     break
-                deaths.append(Death(time.time(), code if code is not None else 1))
-                metrics.restart("optimizer")
+                if verdict.failure:
+                    deaths.append(Death(time.time(), code if code is not None else 1))
+                    metrics.restart("optimizer")
                 progress.note(f"{verdict.line} (see {optimizer.log_path})")
                 if stop.wait(verdict.delay_s):
                     reason = f"stopped by {stop.reason}"
@@ -383,7 +384,7 @@ def run_train(cfg: Config, resume: bool = False, show_progress: bool = True, in_
     summary = final_summary(run_dir, reason, time.time() - started, code, launch, deaths)
     if echo:
         print(summary)
-    if code not in (0, -signal.SIGTERM):
+    if code not in (0, -signal.SIGTERM, EXPLOITED):  # EXPLOITED: a member copies its leader when resumed
         print(f"rapid train: the optimizer failed (exit code {code}); see {optimizer.log_path}", file=sys.stderr)
         return TrainOutcome(1, summary)
     return TrainOutcome(0, summary)

@@ -22,6 +22,7 @@ from rapid.formats.checkpoint import Checkpoint
 from rapid.formats.experience import Shape
 from rapid.infra.distributed import ALONE, Identity, LayoutError, choose_device_and_backend
 from rapid.infra.store import StoreError
+from rapid.league import League
 from rapid.monitoring.optimizer_metrics import OptimizerMetrics
 from rapid.opt.buffer import ExperienceBuffer
 from rapid.opt.learner import Learner, allow_tf32, precision_settings
@@ -36,6 +37,8 @@ from rapid.roles.optimizer_loop import OptimizerLoop, Timing
 from rapid.roles.optimizer_parts import Parts
 from rapid.roles.optimizer_report import OptimizerReport
 from rapid.roles.optimizer_settings import version_meta
+from rapid.roles.pbt_member import EXPLOIT, MemberState, PbtWatch, apply_exploit, ensure_population, open_population
+from rapid.roles.restarts import EXPLOITED
 from rapid.roles.start_point import Resume, agree_on_start
 from rapid.roles.startup import JsonlLog, StopFlag, build_policy, env_spec, open_run_store, setup_logging, start_metrics
 from rapid.roles.steps import drive
@@ -88,6 +91,12 @@ def run_optimizer(cfg: Config, resume: Resume = False, rank: Identity = ALONE, c
         log.info("learner on %s in %s (optimizer.precision = %s)", device, "bfloat16" if bf16 else "float32",
                  precision)
 
+    # A population member first takes the leader a decided round gave it, if it has not yet (docs/pbt.md).
+    pops = open_population(cfg, log) if cfg.pbt.member >= 0 else None
+    pop = ensure_population(pops, cfg) if pops else None
+    if pops and pop and lead:
+        apply_exploit(pops, pop, cfg.pbt.member, store, cfg.optimizer.keep_checkpoints, log)
+
     # Where this run stands: a fresh start publishes version 0; a resume loads the newest usable checkpoint
     # and continues after the newest version in use anywhere in the store, so no version is used twice. Rank 0
     # chooses, every rank loads exactly that point, and the ranks compare digests of their state before starting.
@@ -100,6 +109,10 @@ def run_optimizer(cfg: Config, resume: Resume = False, rank: Identity = ALONE, c
             lease.abandon()  # this optimizer never started: the store is left as it was
         raise
     version, learner.updates = start.version, start.updates
+    member = MemberState.of(start.meta, pop, cfg.pbt.member) if pop else None
+    if member:
+        learner.ppo = member.ppo(cfg.ppo)  # the member's hyperparameters, the same on every rank: they come
+        log.info("pbt member m%d (round %d): %s", cfg.pbt.member, member.round, member.hparams)  # with the start
     if start.resumed:
         log.info("resumed from %s (update %d); next version %d; state digest %s, the same on all %d rank(s)",
                  start.source, learner.updates, version + 1, start.digest[:12], rank.size)
@@ -108,6 +121,9 @@ def run_optimizer(cfg: Config, resume: Resume = False, rank: Identity = ALONE, c
     if lead and not start.resumed:
         params.publish(version, policy.tensors(), {**version_meta(cfg, learner.updates, 0.0), "env": cfg.env.name})
     league = LeagueKeeper(store, cfg) if lead else None
+    if lead and pops and pop and member:
+        PbtWatch(pops, pop, member, cfg, League(store), stop, log).keep()
+    meta = member.meta() if member else {}
     metrics.param_version(version)
 
     shape = Shape.of(spec, bptt=cfg.rollout.bptt, lstm=cfg.model.lstm)
@@ -132,7 +148,7 @@ def run_optimizer(cfg: Config, resume: Resume = False, rank: Identity = ALONE, c
     report = OptimizerReport(metrics, oplog, buffer, loader, skipped=lambda: learner.skipped, curves=curves)
     writer = BackgroundWriter(on_done=report.writer_done)
     parts = Parts(learner, buffer, loader, writer, params, league, report, tensors=policy.tensors,
-                  checkpoint=lambda v: _snapshot(learner, v), store=store)
+                  checkpoint=lambda v: _snapshot(learner, v, meta), store=store)
     timing = Timing(round_s=wait_round_s(ctx.timeout_s if ctx is not None else math.inf))
     loop = OptimizerLoop(cfg, parts, timing, stop, log, lead, grouped=ctx is not None, version=version,
                          rng=np.random.default_rng(cfg.run.seed + 7919 * rank.rank), gpu=device.type == "cuda",
@@ -155,7 +171,7 @@ def run_optimizer(cfg: Config, resume: Resume = False, rank: Identity = ALONE, c
                 league.close()
             if lease is not None and clean and lease.held and lost is None:  # rank 0 (the lead) holds the lease
                 try:
-                    _checkpoint(store, cfg, learner, loop.version)
+                    _checkpoint(store, cfg, learner, loop.version, meta)
                 except StoreError as e:
                     lost = e
         finally:
@@ -166,7 +182,9 @@ def run_optimizer(cfg: Config, resume: Resume = False, rank: Identity = ALONE, c
                 lease.release()
             if oplog:
                 oplog.close()
-    return 1 if lost is not None else exit_code
+    if lost is not None:
+        return 1
+    return EXPLOITED if stop.reason == EXPLOIT else exit_code
 
 
 def _last_line(log, lead: bool, clean: bool, lease, lost: StoreError | None, stop, loop, updates: int) -> None:
@@ -185,14 +203,14 @@ def _last_line(log, lead: bool, clean: bool, lease, lost: StoreError | None, sto
         log.warning("%s; no final checkpoint", where)
 
 
-def _snapshot(learner: Learner, version: int) -> Checkpoint:
+def _snapshot(learner: Learner, version: int, meta: dict) -> Checkpoint:
     """A checkpoint of the live weights and Adam state, copied to host memory (a GPU's moments are not
     duplicated on the GPU first): the writer encodes it while training goes on."""
     adam = learner.adam.state_dict()
     state = {k: {name: (v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v) for name, v in s.items()}
              for k, s in adam["state"].items()}
     return Checkpoint.from_torch(version, learner.updates, learner.policy.tensors(),
-                                 {"state": state, "param_groups": copy.deepcopy(adam["param_groups"])})
+                                 {"state": state, "param_groups": copy.deepcopy(adam["param_groups"])}, meta)
 
 
 def _write_layout(store, cfg: Config, world: int, resume: bool, log) -> None:
@@ -224,6 +242,6 @@ def _reason(message: str) -> str:
     return "invalid"
 
 
-def _checkpoint(store, cfg: Config, learner: Learner, version: int) -> None:
-    ckpt = Checkpoint.from_torch(version, learner.updates, learner.policy.tensors(), learner.adam.state_dict())
+def _checkpoint(store, cfg: Config, learner: Learner, version: int, meta: dict) -> None:
+    ckpt = Checkpoint.from_torch(version, learner.updates, learner.policy.tensors(), learner.adam.state_dict(), meta)
     save_checkpoint(store, ckpt, cfg.optimizer.keep_checkpoints)

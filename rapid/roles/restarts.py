@@ -36,6 +36,8 @@ from rapid.run.restart_summary import describe_exit
 HEALTHY_S = 600.0
 MAX_DELAY_S = 30.0
 USAGE_ERROR = 2
+EXPLOITED = 75
+"""A population member stopped to take a leader's state (docs/pbt.md): started again at once, not a failure."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class Verdict:
     delay_s: float
     line: str
     """What the launcher says (empty for a clean stop)."""
+    failure: bool = True
+    """Whether the exit counts as a death in the run's summary (a planned restart does not)."""
 
 
 class RestartPolicy:
@@ -64,6 +68,9 @@ class RestartPolicy:
         """The decision for an optimizer that exited with ``code`` (a Popen return code: negative for a signal)."""
         if code == 0:
             return Verdict(False, 0.0, "")
+        if code == EXPLOITED:
+            return Verdict(True, 0.0, "the member stopped to copy a better member (pbt); starting it again from "
+                                      "the copy", failure=False)
         if code == USAGE_ERROR:
             return Verdict(False, 0.0, f"the optimizer refused to start or stopped on a usage error (exit code "
                                        f"{code}); not restarting it")

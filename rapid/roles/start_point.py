@@ -31,7 +31,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -57,6 +57,8 @@ class Start:
     """sha256 of this rank's state (:func:`state_digest`); every rank's is the same."""
     resumed: bool = False
     """Whether it continues a stored run (else version 0 is still to be published)."""
+    meta: dict = field(default_factory=dict)
+    """The meta of the checkpoint it loaded (empty for a fresh run or published weights)."""
 
 
 def state_digest(policy: Policy, adam: torch.optim.Optimizer, updates: int, version: int) -> str:
@@ -119,7 +121,7 @@ def agree_on_start(ctx, store: Store, policy: Policy, adam: torch.optim.Optimize
                          f"counters): rank 0 holds {verdicts[0]['digest'][:12]}, rank {differ[0]} "
                          f"{verdicts[differ[0]]['digest'][:12]} ({len(differ)} rank(s) differ); not starting")
     source = point.source if point else "a fresh run"
-    return Start(version, updates, source, digest, resumed=point is not None)
+    return Start(version, updates, source, digest, resumed=point is not None, meta=point.meta if point else {})
 
 
 def _choose(store: Store, policy, adam, resume: Resume, log: logging.Logger, tries: int, wait_s: float,

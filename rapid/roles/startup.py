@@ -19,9 +19,10 @@ from rapid.infra.store import InvalidKey, ObservedStore, Store, StoreError, open
 from rapid.run.config import Config
 
 
-def open_run_store(cfg: Config, metrics=None) -> Store:
-    """The run's store; with a role's ``metrics``, every operation is counted (bytes, latency, errors)."""
-    url = cfg.derive().store_url
+def open_run_store(cfg: Config, metrics=None, url: str | None = None) -> Store:
+    """The run's store (or the one at ``url``, with the run's store options); with a role's ``metrics``, every
+    operation is counted (bytes, latency, errors)."""
+    url = cfg.derive().store_url if url is None else url
     options = {}
     if url.startswith("s3://"):
         options = {"endpoint_url": cfg.store.endpoint_url or None, "region": cfg.store.region or None,
@@ -51,8 +52,8 @@ def check_run_dir(cfg: Config) -> None:
     path = Path(run_dir) / "config.toml"
     if not path.is_file():
         return
-    try:
-        saved = load_config(path, [f"run.dir={json.dumps(run_dir)}"]).derive().store_url
+    try:  # a population member's run.dir names the population's folder, two above its own
+        saved = load_config(path, [f"run.dir={json.dumps(cfg.run.dir or run_dir)}"]).derive().store_url
     except UsageError as e:
         raise UsageError(f"{path} is not a usable run config ({e}): pick another run.dir") from None
     if _same_store(saved) != _same_store(cfg.derive().store_url):
@@ -133,7 +134,8 @@ class StopFlag:
 def start_metrics(cls, cfg: Config, rank: int = 0, local_rank: int = 0, any_port: bool = False):
     """The role's metrics object; served on /metrics (and registered in the run dir) when enabled. ``any_port``:
     a free port whatever ``metrics.base_port`` says (a process beside the ranks that own base_port + local rank)."""
-    metrics = cls(run=cfg.run.name, rank=rank)
+    # A population's members are labelled as runs of their own: run.name.m<K>.
+    metrics = cls(run=cfg.run.name if cfg.pbt.member < 0 else f"{cfg.run.name}.m{cfg.pbt.member}", rank=rank)
     if cfg.metrics.enabled:
         port = cfg.metrics.base_port + local_rank if cfg.metrics.base_port and not any_port else 0
         try:

@@ -15,6 +15,7 @@ from typing import Any
 
 from rapid.infra.dist_context import DEFAULT_TIMEOUT_S
 from rapid.opt.config import PPOConfig
+from rapid.run.pbt_config import PbtConfig, member_folder
 
 
 @dataclass
@@ -351,6 +352,8 @@ class Derived:
     segment_steps: int
     run_dir: str
     store_url: str
+    population_url: str = ""
+    """A population member's (pbt.member ≥ 0): the population's store, where its rounds are decided."""
 
 
 @dataclass
@@ -365,14 +368,17 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    pbt: PbtConfig = field(default_factory=PbtConfig)
 
     def derive(self, seconds_per_step: float = 1.0) -> Derived:
         run_dir = self.run.dir or default_run_dir(self.run.name, self.store.url)
+        store_url, member = self.store.url or os.path.join(run_dir, "store"), self.pbt.member
         return Derived(
             gamma=1.0 - seconds_per_step / self.ppo.horizon_s,
             segment_steps=self.rollout.bptt * self.rollout.samples_per_segment,
-            run_dir=run_dir,
-            store_url=self.store.url or os.path.join(run_dir, "store"),
+            run_dir=member_folder(run_dir, member) if member >= 0 else run_dir,
+            store_url=member_folder(store_url, member) if member >= 0 else store_url,
+            population_url=store_url if member >= 0 else "",
         )
 
 

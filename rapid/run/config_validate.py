@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from rapid.opt.config import check_positive as _positive
 from rapid.opt.config import check_unit as _unit
+from rapid.run.pbt_config import pbt_errors
 
 if TYPE_CHECKING:
     from rapid.run.config import Config
@@ -132,6 +133,7 @@ def validate(cfg: Config) -> list[str]:
     _positive(e, "eval.early_interval_s", cfg.eval.early_interval_s, allow_zero=True)
     _positive(e, "eval.early_s", cfg.eval.early_s, allow_zero=True)
     e += ladder_errors(cfg)
+    e += pbt_errors(cfg.pbt, bool(cfg.eval.ladder), cfg.eval.interval_s > 0)
     _positive(e, "store.max_attempts", cfg.store.max_attempts)
     _positive(e, "store.retention_s", cfg.store.retention_s, allow_zero=True)
     if not 0 <= cfg.metrics.base_port < 65536:

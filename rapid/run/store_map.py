@@ -15,6 +15,9 @@ The roles share no memory and no sockets; everything between them goes through t
                                                     league/pool/<revision:012d>.json (put_if_absent: the lock)
                                                     league/snapshots/<member>.rpm (immutable copies of params)
     optimizer rank 0 ──put_if_absent──▶ optimizer/lease/<epoch:012d>.json (who owns the run, until when)
+    population-based training (docs/pbt.md): each member is a run under members/m<K>/; every member's optimizer
+    rank 0 ──put_if_absent──▶ pbt/population.json, pbt/rounds/<round:06d>.json (the round's decision: the lock)
+    a member's evaluator ──put──▶ pbt/fitness/m<K>.json;  a member that copied ──put──▶ pbt/applied/<round>-m<K>.json
     `rapid surgery` ──▶ surgery/<version:012d>/… (staged objects), surgery/<version:012d>.json (put_if_absent: the
                         commit), surgery/<version:012d>.done (every pointer moved; read by --resume)
 
@@ -65,6 +68,8 @@ LOADER_MARKS_PREFIX = "loader/"
 MAX_MARK_BYTES = 1 << 20
 LEASE_PREFIX = "optimizer/lease/"
 SURGERY_PREFIX = "surgery/"
+PBT_POPULATION = "pbt/population.json"
+PBT_ROUNDS_PREFIX = "pbt/rounds/"
 
 
 def experience_key(shard: int, created_ms: int, worker: str, incarnation: str, seq: int) -> str:
@@ -190,10 +195,23 @@ def snapshot_key(member_id: str) -> str:
     return f"{SNAPSHOTS_PREFIX}{member_id}.rpm"
 
 
+def pbt_round_key(round_: int) -> str:
+    return f"{PBT_ROUNDS_PREFIX}{int(round_):06d}.json"
+
+
+def pbt_fitness_key(member: int) -> str:
+    return f"pbt/fitness/m{int(member)}.json"
+
+
+def pbt_applied_key(round_: int, member: int) -> str:
+    return f"pbt/applied/{int(round_):06d}-m{int(member)}.json"
+
+
 _NUMBER = "([0-9]{1,18})"  # ASCII digits only; 18 keep the value well inside int64
 _PARAMS_KEY = re.compile(re.escape(PARAMS_PREFIX) + _NUMBER + r"\.rpm", re.ASCII)
 _CHECKPOINT_KEY = re.compile(re.escape(CHECKPOINTS_PREFIX) + _NUMBER + r"\.rck", re.ASCII)
 _POOL_REVISION_KEY = re.compile(re.escape(POOL_REVISIONS_PREFIX) + _NUMBER + r"\.json", re.ASCII)
+_PBT_ROUND_KEY = re.compile(re.escape(PBT_ROUNDS_PREFIX) + _NUMBER + r"\.json", re.ASCII)
 _LEASE_KEY = re.compile(re.escape(LEASE_PREFIX) + _NUMBER + r"\.json", re.ASCII)
 _VERSION_TEXT = re.compile(r"v?" + _NUMBER, re.ASCII)
 _POINTER = re.compile(_NUMBER, re.ASCII)
@@ -217,6 +235,10 @@ def parse_checkpoint_key(key: str) -> int | None:
 def parse_pool_revision_key(key: str) -> int | None:
     """The revision of a ``league/pool/<revision>.json`` key; None for any other key."""
     return _parse(_POOL_REVISION_KEY, key)
+
+
+def parse_pbt_round_key(key: str) -> int | None:
+    return _parse(_PBT_ROUND_KEY, key)
 
 
 def parse_version_text(text: str) -> int | None:
