@@ -41,7 +41,7 @@ def test_defaults_are_valid():
 
 def test_every_field_has_a_type_and_sections_are_complete():
     assert set(F.SECTIONS) == {"run", "env", "model", "ppo", "rollout", "optimizer", "league", "eval", "store",
-                               "metrics"}
+                               "metrics", "pbt"}
 
 
 def test_shipped_configs_are_valid():
@@ -159,6 +159,8 @@ BAD_VALUES = {
              ("eval.early_s=-1", "eval.early_s")],
     "store": [("store.max_attempts=0", "store.max_attempts"), ("store.retention_s=-1", "store.retention_s")],
     "metrics": [("metrics.base_port=70000", "metrics.base_port"), ("metrics.base_port=-1", "metrics.base_port")],
+    "pbt": [("pbt.members=-1", "pbt.members"), ("pbt.member=3", "pbt.member"), ("pbt.members=1", "pbt.members"),
+            ("pbt.search.clip=[0.3, 0.1]", "pbt.search.clip")],
 }
 
 

@@ -1,7 +1,7 @@
 """A population member's optimizer side (docs/pbt.md): where its state comes from, how it takes a leader's, and
 the thread on rank 0 that decides rounds, notices its own loss and brings the other members into its league.
 
-Usage (what ``run_optimizer`` does for a member)::
+What ``run_optimizer`` does for a member::
 
     pops = open_population(cfg, log)
     pop = ensure_population(pops, cfg)

@@ -8,7 +8,7 @@ Usage::
     >>> policy = RestartPolicy(max_restarts=2)
     >>> policy.started(now=0.0)
     >>> policy.after_exit(0, now=100.0)              # a clean stop (run.updates reached): the run ends
-    Verdict(restart=False, delay_s=0.0, line='')
+    Verdict(restart=False, delay_s=0.0, line='', failure=True)
     >>> verdict = policy.after_exit(-9, now=100.0)
     >>> verdict.restart, verdict.delay_s
     (True, 1.0)

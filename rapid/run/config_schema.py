@@ -79,7 +79,10 @@ def convert(value: Any, hint: Any) -> Any:
                 return tuple(convert(v, t) for v, t in zip(value, items))
     elif origin is dict:
         if isinstance(value, dict):
-            return dict(value)
+            key_type, value_type = typing.get_args(hint) or (str, Any)
+            if value_type is Any:
+                return dict(value)
+            return {convert(k, key_type): convert(v, value_type) for k, v in value.items()}
     raise TypeError(f"expected {type_name(hint)}, got {type(value).__name__} {value!r}")
 
 

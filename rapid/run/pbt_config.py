@@ -55,6 +55,11 @@ def pbt_errors(p: PbtConfig, has_ladder: bool, evaluates: bool) -> list[str]:
         e.append(f"pbt.members must be 0 (off) or more (got {p.members})")
     if not -1 <= p.member < max(p.members, 0):
         e.append(f"pbt.member must be -1 or within [0, pbt.members) (got {p.member} with {p.members} members)")
+    for name, bounds in p.search.items():
+        if name not in SEARCHABLE:
+            e.append(f"pbt.search: {name!r} is not a searchable PPO field ({', '.join(SEARCHABLE)})")
+        elif not (len(bounds) == 2 and all(math.isfinite(b) for b in bounds) and 0 < bounds[0] <= bounds[1]):
+            e.append(f"pbt.search.{name} must be a range [low, high] with 0 < low ≤ high (got {list(bounds)})")
     if p.members == 0:
         return e
     if p.members < 2:
@@ -72,9 +77,4 @@ def pbt_errors(p: PbtConfig, has_ladder: bool, evaluates: bool) -> list[str]:
         e.append(f"pbt.perturb must be > 1 (got {p.perturb})")
     if not p.search:
         e.append("pbt.search must name at least one field")
-    for name, bounds in p.search.items():
-        if name not in SEARCHABLE:
-            e.append(f"pbt.search: {name!r} is not a searchable PPO field ({', '.join(SEARCHABLE)})")
-        elif not (len(bounds) == 2 and all(math.isfinite(b) for b in bounds) and 0 < bounds[0] <= bounds[1]):
-            e.append(f"pbt.search.{name} must be a range [low, high] with 0 < low ≤ high (got {list(bounds)})")
     return e
