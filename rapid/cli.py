@@ -178,7 +178,7 @@ def cmd_train(args) -> int:
     if resume == "auto":
         if not args.run_dir:
             raise UsageError("--resume auto needs --run-dir: the run to continue, or to start there")
-        resume = holds_run(Path(args.run_dir))
+        resume = holds_run(Path(args.run_dir)) or (Path(args.run_dir) / "store" / "pbt").is_dir()  # a population
     if resume:
         cfg = run_dir_config(args.run_dir, [*args.set, *extra])
     else:

@@ -32,7 +32,7 @@ def member_command(root: Path, member: int, workers: int, resume: bool) -> list[
     config."""
     folder = Path(member_folder(root.as_posix(), member))
     if resume and holds_run(folder, Path(member_folder((root / "store").as_posix(), member))):
-        how = ["--resume", "auto", "--run-dir", folder.as_posix()]
+        how = ["--resume", "--run-dir", folder.as_posix()]
     else:
         how = ["--config", (root / "config.toml").as_posix()]
     return [sys.executable, "-m", "rapid.cli", "train", *how, "--set", f"pbt.member={member}",
@@ -48,6 +48,9 @@ def run_population(cfg: Config, resume: bool = False, show_progress: bool = True
     if cfg.store.url:
         raise UsageError("rapid train --pbt keeps the population's store in its run directory: leave store.url "
                          "empty (on a cluster, start each member's jobs with --set pbt.member=K: docs/pbt.md)")
+    if not resume and (Path(cfg.derive().run_dir) / "store" / "pbt").is_dir():
+        raise UsageError(f"{cfg.derive().run_dir} already holds a population: add --resume to continue it, or pick "
+                         "another --run-dir")
     root = prepare_run_dir(cfg, resume=False) if not resume else Path(cfg.derive().run_dir)
     workers = max(1, (cfg.run.num_workers or default_workers()) // n)
     stop = StopFlag()
