@@ -27,14 +27,23 @@ from rapid.run.pbt_view import plot, table
 PROGRESS_S = 30.0
 
 
-def member_command(root: Path, member: int, workers: int, resume: bool) -> list[str]:
+MEMBER_SEED_STEP = 7919
+
+
+def member_seed(seed: int, member: int) -> int:
+    """Member K's run.seed: its own initial weights and games (the population's hyperparameters come from the
+    population's run.seed, whichever member writes them first)."""
+    return (seed + MEMBER_SEED_STEP * member) % (1 << 32)
+
+
+def member_command(root: Path, member: int, workers: int, resume: bool, seed: int = 0) -> list[str]:
     """The `rapid train` of one member: resumed where its folder holds a run, else started from the population's
-    config."""
+    config with the member's own seed."""
     folder = Path(member_folder(root.as_posix(), member))
     if resume and holds_run(folder, Path(member_folder((root / "store").as_posix(), member))):
         how = ["--resume", "--run-dir", folder.as_posix()]
     else:
-        how = ["--config", (root / "config.toml").as_posix()]
+        how = ["--config", (root / "config.toml").as_posix(), "--set", f"run.seed={member_seed(seed, member)}"]
     return [sys.executable, "-m", "rapid.cli", "train", *how, "--set", f"pbt.member={member}",
             "--set", f"run.num_workers={workers}", "--no-progress"]
 
@@ -59,7 +68,7 @@ def run_population(cfg: Config, resume: bool = False, show_progress: bool = True
         log_path = root / "logs" / f"member-{m}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as out:
-            children.append(subprocess.Popen(member_command(root, m, workers, resume), stdout=out,
+            children.append(subprocess.Popen(member_command(root, m, workers, resume, cfg.run.seed), stdout=out,
                                              stderr=subprocess.STDOUT))
     print(f"rapid train: a population of {n} members in {root}, {workers} rollout worker(s) each; each member's "
           f"output in {root / 'logs'}/member-<K>.log; Ctrl-C stops them all", flush=True)
