@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import replace
 from pathlib import Path
 
 from rapid.errors import UsageError
@@ -31,8 +30,7 @@ def run(args: argparse.Namespace, cfg: Config | None) -> int:
         cfg.store.url = args.store
     if cfg.pbt.member >= 0:
         raise UsageError("rapid pbt: give the population's run directory, not a member's")
-    # A member's view of the config opens the population's store at the same URL as every member does.
-    pops = open_population(replace(cfg, pbt=replace(cfg.pbt, member=0)), logging.getLogger("rapid.pbt"))
+    pops = open_population(cfg, logging.getLogger("rapid.pbt"))
     if args.action == "ls":
         print(table(pops))
         return 0

@@ -9,7 +9,6 @@ member every ``PROGRESS_S``, stops them together (Ctrl-C, or each at ``run.minut
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
 import time
@@ -72,7 +71,7 @@ def run_population(cfg: Config, resume: bool = False, show_progress: bool = True
                                              stderr=subprocess.STDOUT))
     print(f"rapid train: a population of {n} members in {root}, {workers} rollout worker(s) each; each member's "
           f"output in {root / 'logs'}/member-<K>.log; Ctrl-C stops them all", flush=True)
-    pops = open_population(_member(cfg, 0), log)
+    pops = open_population(cfg, log)
     shown = time.time()
     try:
         while any(c.poll() is None for c in children):
@@ -93,10 +92,6 @@ def run_population(cfg: Config, resume: bool = False, show_progress: bool = True
     except UsageError as e:
         print(f"no plots: {e}")
     return 0 if all(c in (0, -2, -15) for c in codes) else 1
-
-
-def _member(cfg: Config, member: int) -> Config:
-    return dataclasses.replace(cfg, pbt=dataclasses.replace(cfg.pbt, member=member))
 
 
 def _show(pops) -> None:

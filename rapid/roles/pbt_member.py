@@ -44,7 +44,9 @@ EXPLOIT = "exploit"
 
 
 def open_population(cfg: Config, log: logging.Logger) -> PopulationStore:
-    root = cfg.derive().population_url
+    """The population's store: a member's population_url, or the population's own store (pbt.member = -1)."""
+    derived = cfg.derive()
+    root = derived.population_url or derived.store_url
     return PopulationStore(open_run_store(cfg, url=root), lambda m: open_run_store(cfg, url=member_folder(root, m)),
                            log)
 
@@ -161,8 +163,8 @@ class PbtWatch:
         self._share()
 
     def _share(self) -> None:
-        every = max(1, self.cfg.league.snapshot_every)
-        if not self.cfg.league.snapshot_every:
+        every = self.cfg.league.snapshot_every
+        if not every:
             return
         for m in range(self.pop.members):
             if m == self.member:

@@ -58,6 +58,8 @@ class PopulationStore:
         self.root = root
         self.member_store = member_store
         self.log = log or logging.getLogger("rapid.pbt")
+        self._decided: dict[int, Round] = {}
+        """Rounds read so far: a decided round never changes, so a watch's tick lists rounds but reads only new ones."""
 
     def ensure(self, proposed: Population) -> Population:
         """The population as stored: ``proposed`` if it is the first; FormatError for one of another size."""
@@ -84,14 +86,17 @@ class PopulationStore:
         return out
 
     def read_round(self, pop: Population, r: int) -> Round | None:
+        if r in self._decided:
+            return self._decided[r]
         found, doc = get_document(self.root, pbt_round_key(r), MAX_DOC_BYTES)
         if not found:
             return None
         try:
-            return load_round(doc, pop)
+            self._decided[r] = load_round(doc, pop)
         except FormatError as e:
             self.log.warning("%s is not usable, skipped: %s", pbt_round_key(r), e)
             return None
+        return self._decided[r]
 
     def propose(self, pop: Population, decided: Round) -> Round | None:
         """Write ``decided`` unless its round is decided already; the round as stored (the first writer's)."""
